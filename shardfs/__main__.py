@@ -1,0 +1,5 @@
+import sys
+
+from shardfs.cli import main
+
+sys.exit(main())

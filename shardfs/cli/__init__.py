@@ -1,0 +1,245 @@
+"""The `shardfs` command: `mount` and `umount`.
+
+`shardfs mount` without `-f` starts the daemon as a detached child (the same
+command with `-f` and a readiness pipe) and exits 0 only once the mount
+answers; any failure is one line on stderr, a non-zero exit, and nothing left
+mounted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import logging.handlers
+import os
+import select
+import stat as stat_mod
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from shardfs import __version__
+from shardfs.cli.options import MountOptions, parse_options
+from shardfs.errors import InvalidMetadata, ShardfsError, UsageError
+from shardfs.formats.zarr_v3 import parse_node
+from shardfs.fuse.mounts import mount_type, unmount
+from shardfs.storage import LocalStorage, Storage
+
+log = logging.getLogger("shardfs")
+
+#: How long `shardfs mount` waits for the daemon to answer before giving up.
+READY_TIMEOUT = 60.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardfs", description="Show sharded Zarr arrays as plain, unsharded chunk files."
+    )
+    parser.add_argument("--version", action="version", version=f"shardfs {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    mount = commands.add_parser("mount", help="mount SOURCE at MOUNTPOINT")
+    mount.add_argument("source", help="a local directory holding a Zarr v3 hierarchy")
+    mount.add_argument("mountpoint", help="an existing, empty directory")
+    mount.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="OPT[,OPT...]",
+        help="ro, rw, allow_other, debug, index_cache=SIZE, log=FILE",
+    )
+    mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    mount.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    umount = commands.add_parser("umount", help="unmount MOUNTPOINT")
+    umount.add_argument("mountpoint")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "mount":
+            return _mount(args)
+        return _umount(args.mountpoint)
+    except ShardfsError as e:
+        print(f"shardfs: {e}", file=sys.stderr)
+        return 1
+
+
+# -- checks shared by the parent and the daemon ------------------------------------------
+
+
+def open_source(source: str) -> Storage:
+    """The storage of SOURCE, checked to hold a Zarr v3 hierarchy at its root."""
+    if not os.path.exists(source):
+        raise UsageError(f"source {source} does not exist")
+    if not os.path.isdir(source):
+        raise UsageError(f"source {source} is not a directory")
+    storage = LocalStorage(source)
+    stat = storage.stat("zarr.json")
+    if stat is None or stat.is_dir:
+        hint = (
+            " (it looks like Zarr v2)" if storage.stat(".zgroup") or storage.stat(".zarray") else ""
+        )
+        raise UsageError(f"source {source} is not a Zarr v3 hierarchy: no zarr.json{hint}")
+    try:
+        parse_node(storage.read("zarr.json", 0, stat.size))
+    except InvalidMetadata as e:
+        raise UsageError(f"source {source}: {e}") from None
+    return storage
+
+
+def check_mountpoint(mountpoint: str, source: str) -> None:
+    try:
+        is_dir = stat_mod.S_ISDIR(os.stat(mountpoint).st_mode)
+    except FileNotFoundError:
+        raise UsageError(f"mountpoint {mountpoint} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise UsageError(
+                f"mountpoint {mountpoint} is a stale FUSE mount (transport endpoint is not "
+                f"connected); clear it with: fusermount3 -u -z {mountpoint}"
+            ) from None
+        raise UsageError(f"mountpoint {mountpoint}: {e.strerror}") from None
+    if not is_dir:
+        raise UsageError(f"mountpoint {mountpoint} is not a directory")
+    kind = mount_type(mountpoint)
+    if kind is not None:
+        raise UsageError(f"mountpoint {mountpoint} is busy: {kind} is already mounted there")
+    real_mp, real_src = os.path.realpath(mountpoint), os.path.realpath(source)
+    if real_mp == real_src or real_mp.startswith(real_src + os.sep):
+        raise UsageError(f"mountpoint {mountpoint} must not be inside the source")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise UsageError("cannot open /dev/fuse: is the fuse module loaded and the device present?")
+
+
+def _fsname(source: str) -> str:
+    """The name shown in the mount table; libfuse options cannot hold commas."""
+    real = os.path.realpath(source)
+    return real if not any(c in real for c in ",\\ \t\n") else "shardfs"
+
+
+# -- mount --------------------------------------------------------------------------
+
+
+def _mount(args: argparse.Namespace) -> int:
+    options = parse_options(args.options)
+    open_source(args.source)
+    check_mountpoint(args.mountpoint, args.source)
+    if args.foreground or args.ready_fd is not None:
+        return _run_daemon(args, options)
+    return _spawn_daemon(args, options)
+
+
+def _setup_logging(options: MountOptions, foreground: bool) -> None:
+    handler: logging.Handler
+    if options.log_file:
+        handler = logging.FileHandler(options.log_file)
+    elif foreground or not os.path.exists("/dev/log"):
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        handler = logging.handlers.SysLogHandler("/dev/log")
+    fmt = "%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"
+    if isinstance(handler, logging.handlers.SysLogHandler):
+        fmt = "shardfs[%(process)d]: %(levelname)s %(message)s"
+    handler.setFormatter(logging.Formatter(fmt))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if options.debug else logging.INFO)
+
+
+def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
+    # Imported here so that `shardfs umount` and the detaching parent stay light.
+    from shardfs.fuse import MountConfig
+    from shardfs.fuse.daemon import serve
+    from shardfs.view import Namespace
+
+    _setup_logging(options, foreground=args.ready_fd is None)
+    ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
+
+    def report(message: str) -> None:
+        if ready is not None and not ready.closed:
+            ready.write(message + "\n")
+            ready.close()
+
+    try:
+        namespace = Namespace(open_source(args.source), index_cache=options.index_cache)
+        serve(
+            namespace,
+            args.mountpoint,
+            MountConfig(read_only=options.read_only),
+            options.fuse_options(_fsname(args.source)),
+            on_ready=lambda: report("ready"),
+        )
+    except (ShardfsError, RuntimeError) as e:
+        message = f"cannot mount {args.mountpoint}: {e}"
+        log.error("%s", message)
+        report(f"error {message}")
+        if ready is None:
+            print(f"shardfs: {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _spawn_daemon(args: argparse.Namespace, options: MountOptions) -> int:
+    read_end, write_end = os.pipe()
+    command = [sys.executable, "-m", "shardfs", "mount", args.source, args.mountpoint]
+    if options.given:
+        command += ["-o", options.argument()]
+    command += ["--ready-fd", str(write_end)]
+    child = subprocess.Popen(
+        command,
+        pass_fds=(write_end,),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd="/",
+    )
+    os.close(write_end)
+    message = _read_line(read_end, READY_TIMEOUT)
+    os.close(read_end)
+    if message == "ready":
+        return 0
+    if message.startswith("error "):
+        print(f"shardfs: {message[6:]}", file=sys.stderr)
+    else:
+        child.kill()  # ours, by PID: it never answered
+        status = child.wait()
+        reason = "did not answer in time" if message == "timeout" else f"exited ({status})"
+        print(f"shardfs: cannot mount {args.mountpoint}: the daemon {reason}", file=sys.stderr)
+    if mount_type(args.mountpoint) is not None:
+        unmount(args.mountpoint, lazy=True)
+    return 1
+
+
+def _read_line(fd: int, timeout: float) -> str:
+    """One line from the readiness pipe; "timeout", or "" if the daemon died first."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return "timeout"
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+# -- umount -------------------------------------------------------------------------
+
+
+def _umount(mountpoint: str) -> int:
+    kind = mount_type(mountpoint)
+    if kind is None:
+        raise UsageError(f"{mountpoint} is not mounted")
+    if kind != "fuse.shardfs":
+        raise UsageError(f"{mountpoint} is not a shardfs mount ({kind})")
+    result = unmount(mountpoint)
+    if result.returncode != 0:
+        detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
+        raise UsageError(f"cannot unmount {mountpoint}: {detail}")
+    return 0

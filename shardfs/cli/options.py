@@ -1,0 +1,68 @@
+"""Mount options (`-o a,b=c`): parsed and checked before anything is mounted."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from shardfs.errors import UsageError
+
+_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "4096", "64K", "256M", "1G" (binary units, optional "iB"/"B")."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise UsageError(f"bad size {text!r} (use bytes or a K/M/G suffix, e.g. 256M)")
+    return int(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+
+
+@dataclass
+class MountOptions:
+    read_only: bool = False
+    allow_other: bool = False
+    debug: bool = False
+    index_cache: int = 64 << 20
+    log_file: str | None = None
+    given: list[str] = field(default_factory=list)
+
+    def fuse_options(self, fsname: str) -> set[str]:
+        """The options passed to the kernel through libfuse."""
+        opts = {"default_permissions", "subtype=shardfs", f"fsname={fsname}"}
+        if self.read_only:
+            opts.add("ro")
+        if self.allow_other:
+            opts.add("allow_other")
+        return opts
+
+    def argument(self) -> str:
+        """The options again, as one `-o` argument (for the detached daemon)."""
+        return ",".join(self.given)
+
+
+def parse_options(groups: Iterable[str]) -> MountOptions:
+    """Parse every `-o` argument; unknown or malformed options raise UsageError."""
+    options = MountOptions()
+    for group in groups:
+        for item in filter(None, (part.strip() for part in group.split(","))):
+            name, has_value, value = item.partition("=")
+            if name in ("ro", "rw", "allow_other", "debug") and has_value:
+                raise UsageError(f"option {name!r} takes no value")
+            if name == "ro":
+                options.read_only = True
+            elif name == "rw":
+                options.read_only = False
+            elif name == "allow_other":
+                options.allow_other = True
+            elif name == "debug":
+                options.debug = True
+            elif name == "index_cache":
+                options.index_cache = parse_size(value)
+            elif name == "log" and value:
+                options.log_file = value
+            else:
+                raise UsageError(f"unknown mount option {item!r}")
+            options.given.append(item)
+    return options

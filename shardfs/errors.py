@@ -1,0 +1,52 @@
+"""The exceptions the core raises.
+
+The core never knows about errno; the FUSE adapter maps these classes to errno
+values in one place (`shardfs.fuse.errno_for`). Each class names the condition
+from the caller's point of view, so other front ends can map them too.
+"""
+
+
+class ShardfsError(Exception):
+    """Base class of every error shardfs raises on purpose.
+
+    `logged` is set by code that already wrote the error's one log line, so
+    the boundary that maps it to errno does not log it again.
+    """
+
+    logged: bool = False
+
+
+class NotFound(ShardfsError):
+    """The path does not exist in the view."""
+
+
+class NotADirectory(ShardfsError):
+    """A directory operation was asked of a file."""
+
+
+class IsADirectory(ShardfsError):
+    """A file operation was asked of a directory."""
+
+
+class ReadOnly(ShardfsError):
+    """The operation would modify something this view cannot modify."""
+
+
+class CorruptData(ShardfsError):
+    """Stored data failed validation; serving it could return wrong bytes."""
+
+
+class StorageError(ShardfsError):
+    """The storage backend failed (I/O error, vanished object, ...)."""
+
+
+class SourceChanged(StorageError):
+    """The object changed between reading its index and reading its data."""
+
+
+class InvalidMetadata(ShardfsError):
+    """A metadata document cannot be understood."""
+
+
+class UsageError(ShardfsError):
+    """Bad command line, option or mount request."""

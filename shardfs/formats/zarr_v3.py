@@ -1,0 +1,280 @@
+"""Zarr v3 array metadata: recognise sharded arrays and describe their unsharded view.
+
+Pure: it turns a parsed `zarr.json` into a `ShardedLayout` (or says why the
+array must be shown unchanged) and renders the rewritten `zarr.json`.
+
+Coordinates. A sharded array is a chain of levels. Level 0 splits a shard
+(`chunk_grid` shape, in array axis order) after the transposes that precede
+its `sharding_indexed` codec; each nested level splits one inner chunk of the
+level above in the same way. The view's chunks are the innermost chunks,
+described in array axis order, and the view's codec chain is every transpose
+met on the way down followed by the innermost codecs, so each view chunk's
+bytes are exactly the stored inner chunk's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardfs.errors import InvalidMetadata
+from shardfs.formats.keys import ChunkKeyEncoding
+from shardfs.formats.shard_index import IndexCodec, normalize_codec
+
+SHARDING = "sharding_indexed"
+
+#: Array metadata fields defined by the core spec.
+KNOWN_ARRAY_FIELDS = frozenset(
+    {
+        "zarr_format",
+        "node_type",
+        "shape",
+        "data_type",
+        "chunk_grid",
+        "chunk_key_encoding",
+        "fill_value",
+        "codecs",
+        "attributes",
+        "dimension_names",
+        "storage_transformers",
+    }
+)
+
+
+class Unshardable(Exception):
+    """The array is sharded but its view cannot be built; it is shown unchanged."""
+
+
+@dataclass(frozen=True)
+class ShardLevel:
+    """One `sharding_indexed` codec in the chain.
+
+    `perm` is the axis order applied by the transposes just before this codec
+    (axis i of the level's space is axis perm[i] of its input). `chunk_shape`
+    and `chunks_per_shard` are in the level's space.
+    """
+
+    perm: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    chunks_per_shard: tuple[int, ...]
+    index: IndexCodec
+    index_at_start: bool
+
+    @property
+    def index_size(self) -> int:
+        return self.index.size(self.chunks_per_shard)
+
+
+@dataclass(frozen=True)
+class ShardedLayout:
+    """Everything needed to serve a sharded array as an unsharded one."""
+
+    shape: tuple[int, ...]
+    shard_shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    levels: tuple[ShardLevel, ...]
+    keys: ChunkKeyEncoding
+    view_metadata: bytes
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def chunks_per_shard(self) -> tuple[int, ...]:
+        """View chunks per shard along each array axis."""
+        return tuple(s // c for s, c in zip(self.shard_shape, self.chunk_shape, strict=True))
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Number of view chunks along each axis (covering the array)."""
+        return tuple(-(-n // c) for n, c in zip(self.shape, self.chunk_shape, strict=True))
+
+    @property
+    def shard_grid(self) -> tuple[int, ...]:
+        """Number of shards along each axis."""
+        return tuple(-(-n // s) for n, s in zip(self.shape, self.shard_shape, strict=True))
+
+    def shard_of(self, chunk: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(shard coordinates, chunk coordinates within that shard) of a view chunk."""
+        cps = self.chunks_per_shard
+        return (
+            tuple(c // n for c, n in zip(chunk, cps, strict=True)),
+            tuple(c % n for c, n in zip(chunk, cps, strict=True)),
+        )
+
+    def in_bounds(self, chunk: Sequence[int]) -> bool:
+        return all(0 <= c < g for c, g in zip(chunk, self.grid, strict=True))
+
+
+def _permutation(config: dict[str, Any], ndim: int) -> tuple[int, ...]:
+    order = config.get("order")
+    if order == "C":
+        return tuple(range(ndim))
+    if order == "F":
+        return tuple(reversed(range(ndim)))
+    if (
+        not isinstance(order, list)
+        or sorted(order) != list(range(ndim))
+        or not all(isinstance(i, int) for i in order)
+    ):
+        raise InvalidMetadata(f"transpose order {order!r} is not a permutation of {ndim} axes")
+    return tuple(order)
+
+
+def _int_shape(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value
+    ):
+        raise InvalidMetadata(f"{what} must be a list of non-negative integers, got {value!r}")
+    return tuple(value)
+
+
+def is_array(meta: dict[str, Any]) -> bool:
+    return meta.get("node_type") == "array"
+
+
+def parse_node(raw: bytes) -> dict[str, Any]:
+    """Parse a Zarr v3 `zarr.json` document (array or group)."""
+    try:
+        meta = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidMetadata(f"zarr.json is not valid JSON: {e}") from None
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
+        raise InvalidMetadata("zarr.json is not Zarr v3 metadata (zarr_format is not 3)")
+    if meta.get("node_type") not in ("array", "group"):
+        raise InvalidMetadata(f"zarr.json has unknown node_type {meta.get('node_type')!r}")
+    return meta
+
+
+def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
+    """The view of a sharded array, or None if the array is not sharded.
+
+    Raises Unshardable (with the reason) if the array is sharded in a way the
+    view cannot serve byte for byte; such arrays are shown unchanged.
+    """
+    codecs = meta.get("codecs")
+    if not isinstance(codecs, list):
+        raise InvalidMetadata("array metadata has no codecs list")
+    if not any(normalize_codec(c)[0] == SHARDING for c in codecs):
+        return None
+    for field, value in meta.items():
+        if field not in KNOWN_ARRAY_FIELDS and not (
+            isinstance(value, dict) and value.get("must_understand") is False
+        ):
+            raise Unshardable(f"unknown metadata field {field!r} must be understood")
+    if meta.get("storage_transformers"):
+        raise Unshardable("storage transformers are not supported")
+    grid = meta.get("chunk_grid")
+    if not isinstance(grid, dict) or grid.get("name") != "regular":
+        raise Unshardable(f"chunk grid {grid!r} is not 'regular'")
+    shape = _int_shape(meta.get("shape"), "shape")
+    shard_shape = _int_shape((grid.get("configuration") or {}).get("chunk_shape"), "chunk_shape")
+    if len(shard_shape) != len(shape):
+        raise InvalidMetadata("chunk_shape and shape differ in rank")
+    if not shape:
+        raise Unshardable("zero-dimensional sharded arrays are not supported")
+    if 0 in shard_shape:
+        raise InvalidMetadata("chunk_shape has a zero extent")
+    keys = ChunkKeyEncoding.from_metadata(meta.get("chunk_key_encoding"))
+
+    levels: list[ShardLevel] = []
+    view_codecs: list[Any] = []
+    chain: list[Any] = codecs
+    block = shard_shape  # the block the current chain encodes, in its own space
+    total_perm = tuple(range(len(shape)))  # level space axis i = array axis total_perm[i]
+    while True:
+        perm = tuple(range(len(shape)))
+        position = 0
+        while position < len(chain) and normalize_codec(chain[position])[0] == "transpose":
+            step = _permutation(normalize_codec(chain[position])[1], len(shape))
+            perm = tuple(perm[i] for i in step)
+            view_codecs.append(chain[position])
+            position += 1
+        if position == len(chain):
+            raise InvalidMetadata("codec chain has no array-to-bytes codec")
+        name, config = normalize_codec(chain[position])
+        if name != SHARDING:
+            if any(normalize_codec(c)[0] == SHARDING for c in chain[position:]):
+                raise Unshardable(f"sharding_indexed after the array codec {name!r}")
+            view_codecs.extend(chain[position:])
+            break
+        trailing = chain[position + 1 :]
+        if trailing:
+            names = ", ".join(normalize_codec(c)[0] for c in trailing)
+            raise Unshardable(f"whole-shard codecs after sharding_indexed ({names})")
+        inner = _int_shape(config.get("chunk_shape"), "sharding chunk_shape")
+        space = tuple(block[i] for i in perm)
+        if len(inner) != len(space) or any(
+            c == 0 or s % c for s, c in zip(space, inner, strict=True)
+        ):
+            raise InvalidMetadata(
+                f"sharding chunk_shape {list(inner)} does not divide {list(space)}"
+            )
+        location = config.get("index_location", "end")
+        if location not in ("start", "end"):
+            raise InvalidMetadata(f"unknown index_location {location!r}")
+        try:
+            index = IndexCodec.from_codecs(
+                config.get("index_codecs", [{"name": "bytes"}, "crc32c"])
+            )
+        except InvalidMetadata as e:
+            raise Unshardable(str(e)) from None
+        levels.append(
+            ShardLevel(
+                perm=perm,
+                chunk_shape=inner,
+                chunks_per_shard=tuple(s // c for s, c in zip(space, inner, strict=True)),
+                index=index,
+                index_at_start=location == "start",
+            )
+        )
+        total_perm = tuple(total_perm[i] for i in perm)
+        block = inner
+        chain = config.get("codecs")
+        if not isinstance(chain, list) or not chain:
+            raise InvalidMetadata("sharding_indexed has no inner codecs")
+
+    chunk_shape = [0] * len(shape)
+    for axis, extent in zip(total_perm, block, strict=True):
+        chunk_shape[axis] = extent
+    view = dict(meta)
+    view["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": chunk_shape}}
+    view["codecs"] = view_codecs
+    return ShardedLayout(
+        shape=shape,
+        shard_shape=shard_shape,
+        chunk_shape=tuple(chunk_shape),
+        levels=tuple(levels),
+        keys=keys,
+        view_metadata=(json.dumps(view, indent=2, ensure_ascii=False) + "\n").encode(),
+    )
+
+
+def level_slots(layout: ShardedLayout) -> list[np.ndarray]:
+    """For every view chunk of a shard, its slot at each level.
+
+    Returns one array per level whose m-th value is the flat C-order slot, in
+    that level's index, holding the m-th view chunk of the shard (view chunks
+    enumerated in C order over `chunks_per_shard`). It depends only on the
+    layout, so it is computed once per array and shared by all its shards.
+    """
+    cps = layout.chunks_per_shard
+    count = math.prod(cps)
+    local = np.indices(cps, dtype=np.int64).reshape(layout.ndim, count).T
+    offset = local * np.asarray(layout.chunk_shape, dtype=np.int64)
+    result = []
+    for level in layout.levels:
+        offset = offset[:, list(level.perm)]
+        chunk = np.asarray(level.chunk_shape, dtype=np.int64)
+        within = offset // chunk
+        offset = offset - within * chunk
+        slot = np.ravel_multi_index(tuple(within.T), level.chunks_per_shard)
+        result.append(slot)
+    assert not offset.any(), "view chunks must align with the innermost chunks"
+    return result

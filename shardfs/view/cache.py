@@ -1,0 +1,108 @@
+"""A thread-safe LRU cache with a byte budget and single-flight loading."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    loads: int = 0
+    evictions: int = 0
+
+
+class _Failure:
+    """A cached load error, so a corrupt object is reported once, not on every request."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class LruCache(Generic[V]):
+    """Values by key, least recently used evicted first once `budget` is exceeded.
+
+    `cost(value)` is the size charged against the budget. Concurrent `get`s
+    of a missing key share one call of the loader: the first caller loads,
+    the others wait for its result. Errors of the types in `cache_errors`
+    are cached like values (costing `error_cost`); others are not.
+    """
+
+    def __init__(
+        self,
+        budget: int,
+        cost: Callable[[V], int],
+        cache_errors: tuple[type[BaseException], ...] = (),
+        error_cost: int = 256,
+    ) -> None:
+        self.budget = budget
+        self._cost = cost
+        self._cache_errors = cache_errors
+        self._error_cost = error_cost
+        self._lock = threading.Lock()
+        self._items: OrderedDict[Hashable, tuple[V | _Failure, int]] = OrderedDict()
+        self._loading: dict[Hashable, Future[V | _Failure]] = {}
+        self.used = 0
+        self.stats = CacheStats()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: Hashable, load: Callable[[], V]) -> V:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+                self.stats.hits += 1
+                return self._unwrap(item[0])
+            pending = self._loading.get(key)
+            if pending is None:
+                future: Future[V | _Failure] = Future()
+                self._loading[key] = future
+        if pending is not None:
+            return self._unwrap(pending.result())
+        self.stats.loads += 1
+        try:
+            value: V | _Failure = load()
+        except self._cache_errors as e:
+            value = _Failure(e)
+        except BaseException as e:
+            with self._lock:
+                del self._loading[key]
+            future.set_exception(e)
+            raise
+        cost = self._error_cost if isinstance(value, _Failure) else self._cost(value)
+        with self._lock:
+            del self._loading[key]
+            if cost <= self.budget:
+                self._items[key] = (value, cost)
+                self.used += cost
+                while self.used > self.budget:
+                    _, (_, evicted) = self._items.popitem(last=False)
+                    self.used -= evicted
+                    self.stats.evictions += 1
+        future.set_result(value)
+        return self._unwrap(value)
+
+    def discard(self, key: Hashable) -> None:
+        with self._lock:
+            item = self._items.pop(key, None)
+            if item is not None:
+                self.used -= item[1]
+
+    @staticmethod
+    def _unwrap(value: V | _Failure) -> V:
+        if isinstance(value, _Failure):
+            # A copy, so that callers in several threads do not share one traceback.
+            raise copy.copy(value.error).with_traceback(None)
+        return value

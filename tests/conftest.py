@@ -1,0 +1,77 @@
+"""Shared fixtures: real FUSE mounts that never outlive their test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from shardfs.fuse.mounts import mount_type, unmount
+
+
+@dataclass
+class Mounted:
+    """A running `shardfs mount -f` started by a test, with its log."""
+
+    path: Path
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    options: tuple[str, ...] = field(default=())
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_mount(source: Path, mountpoint: Path, log_path: Path, *options: str) -> Mounted:
+    """Mount in the foreground as a child of the test and wait until it answers."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "shardfs", "mount", str(source), str(mountpoint), "-f"]
+    if options:
+        args += ["-o", ",".join(options)]
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    mounted = Mounted(mountpoint, process, log_path, options)
+    deadline = time.monotonic() + 30
+    while mount_type(str(mountpoint)) != "fuse.shardfs":
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_mount(mounted)
+            raise RuntimeError(f"mount did not come up: {mounted.log()}")
+        time.sleep(0.02)
+    os.stat(mountpoint)  # answered by the daemon
+    return mounted
+
+
+def stop_mount(mounted: Mounted) -> None:
+    """Unmount (lazily if busy) and reap the daemon; kill it by PID only as a last resort."""
+    path = str(mounted.path)
+    if mount_type(path) == "fuse.shardfs" and unmount(path).returncode != 0:
+        unmount(path, lazy=True)
+    try:
+        mounted.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        mounted.process.kill()
+        mounted.process.wait(timeout=15)
+    if mount_type(path) == "fuse.shardfs":
+        unmount(path, lazy=True)
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator:
+    """`mount(source, *options)` mounts `source` and returns a `Mounted`; all are undone at teardown."""
+    mounts: list[Mounted] = []
+
+    def _mount(source: Path, *options: str) -> Mounted:
+        n = len(mounts)
+        mounted = start_mount(source, tmp_path / f"mnt{n}", tmp_path / f"mnt{n}.log", *options)
+        mounts.append(mounted)
+        return mounted
+
+    yield _mount
+    for mounted in reversed(mounts):
+        stop_mount(mounted)
