@@ -42,7 +42,10 @@ def run(*args: str) -> None:
 def main() -> None:
     values = make_source()
     print(f"source {SOURCE.relative_to(ROOT)}: 64x64 uint16, 32x32 shards of 8x8 chunks")
-    print("  stored files:", sorted(str(p.relative_to(SOURCE)) for p in SOURCE.rglob("*") if p.is_file()))
+    print(
+        "  stored files:",
+        sorted(str(p.relative_to(SOURCE)) for p in SOURCE.rglob("*") if p.is_file()),
+    )
     MOUNT.mkdir(parents=True, exist_ok=True)
     if os.path.ismount(MOUNT):
         run("fusermount3", "-u", str(MOUNT))

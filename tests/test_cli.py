@@ -1,0 +1,174 @@
+"""The command line: clear one-line failures, detaching, unmounting, signals."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from shardfs.cli.options import parse_options, parse_size
+from shardfs.errors import UsageError
+from shardfs.fuse.mounts import mount_type, unmount
+from tests.conftest import Mounted, start_mount, stop_mount
+
+SHARDFS = [sys.executable, "-m", "shardfs"]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli") / "src"
+    a = zarr.create_array(root, shape=(8, 8), dtype="uint8", shards=(4, 4), chunks=(2, 2))
+    a[:] = np.arange(64, dtype="uint8").reshape(8, 8)
+    return root
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SHARDFS, *args], capture_output=True, text=True, timeout=120)
+
+
+def daemons_for(mountpoint: Path) -> list[int]:
+    """PIDs of shardfs daemons serving `mountpoint` (started by these tests)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"shardfs" in argv and os.fsencode(mountpoint) in argv and b"mount" in argv:
+            found.append(int(entry))
+    return found
+
+
+def wait_gone(pids: list[int], timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize(
+    ("make", "options", "message"),
+    [
+        (lambda tmp: (tmp / "missing", tmp / "mp"), [], "does not exist"),
+        (lambda tmp: (tmp, tmp / "mp"), [], "not a Zarr v3 hierarchy"),
+        (lambda tmp: (None, tmp / "missing-mp"), [], "does not exist"),
+        (lambda tmp: (None, tmp / "file"), [], "not a directory"),
+        (lambda tmp: (None, tmp / "mp"), ["-o", "ro,bogus"], "unknown mount option 'bogus'"),
+        (lambda tmp: (None, tmp / "mp"), ["-o", "index_cache=12Q"], "bad size"),
+        (lambda tmp: (None, tmp / "mp"), ["-o", "ro=1"], "takes no value"),
+    ],
+)
+def test_mount_failures_are_one_clear_line(
+    tmp_path: Path, source: Path, make, options: list[str], message: str
+) -> None:
+    (tmp_path / "mp").mkdir()
+    (tmp_path / "file").write_text("x")
+    src, mp = make(tmp_path)
+    result = run("mount", str(src or source), str(mp), *options)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shardfs: ") and message in lines[0], (
+        result.stderr
+    )
+    assert mount_type(str(mp)) is None
+
+
+def test_mountpoint_inside_source_is_refused(tmp_path: Path, source: Path) -> None:
+    inside = source / "mp"
+    inside.mkdir(exist_ok=True)
+    try:
+        result = run("mount", str(source), str(inside))
+        assert result.returncode == 1 and "inside the source" in result.stderr
+    finally:
+        inside.rmdir()
+
+
+def test_detached_mount_answers_at_once_and_umount_stops_the_daemon(
+    tmp_path: Path, source: Path
+) -> None:
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    result = run("mount", str(source), str(mp), "-o", f"ro,log={tmp_path / 'log'}")
+    pids = daemons_for(mp)
+    try:
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
+        assert mount_type(str(mp)) == "fuse.shardfs"  # mounted before the command returned
+        assert len(pids) == 1
+        assert sorted(os.listdir(mp / "c" / "0")) == ["0", "1", "2", "3"]
+        np.testing.assert_array_equal(
+            zarr.open_array(mp, mode="r")[:], np.arange(64, dtype="uint8").reshape(8, 8)
+        )
+        busy = run("mount", str(source), str(mp))
+        assert busy.returncode == 1 and "busy" in busy.stderr
+        assert run("umount", str(mp)).returncode == 0
+        assert mount_type(str(mp)) is None
+        assert wait_gone(pids), "daemon still running after umount"
+        assert "mounted" in (tmp_path / "log").read_text()
+    finally:
+        if mount_type(str(mp)) is not None:
+            unmount(str(mp), lazy=True)
+        for pid in daemons_for(mp):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_umount_of_something_else_is_refused(tmp_path: Path) -> None:
+    result = run("umount", str(tmp_path))
+    assert result.returncode == 1 and "not mounted" in result.stderr
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigint", "fusermount", "umount"])
+def test_daemon_exits_cleanly(tmp_path: Path, source: Path, how: str) -> None:
+    mounted = start_mount(source, tmp_path / "mp", tmp_path / "log", "ro")
+    try:
+        if how == "sigterm":
+            mounted.process.send_signal(signal.SIGTERM)
+        elif how == "sigint":
+            mounted.process.send_signal(signal.SIGINT)
+        elif how == "fusermount":
+            assert unmount(str(mounted.path)).returncode == 0
+        else:
+            subprocess.run(["umount", str(mounted.path)], check=True)
+        assert mounted.process.wait(timeout=15) == 0, mounted.log()
+        assert mount_type(str(mounted.path)) is None
+    finally:
+        stop_mount(mounted)
+
+
+def test_read_only_refuses_writes_and_debug_traces_requests(tmp_path: Path, source: Path) -> None:
+    mounted: Mounted = start_mount(source, tmp_path / "mp", tmp_path / "log", "ro", "debug")
+    try:
+        with pytest.raises(OSError) as info:
+            (mounted.path / "c" / "0" / "0").write_bytes(b"x")
+        assert info.value.errno == errno.EROFS
+        with pytest.raises(OSError) as info:
+            (mounted.path / "new").mkdir()
+        assert info.value.errno == errno.EROFS
+        os.listdir(mounted.path / "c")
+        assert "lookup" in mounted.log() and "DEBUG" in mounted.log()
+    finally:
+        stop_mount(mounted)
+
+
+def test_option_parsing() -> None:
+    options = parse_options(["ro,allow_other", "index_cache=256M", "debug"])
+    assert options.read_only and options.allow_other and options.debug
+    assert options.index_cache == 256 << 20
+    assert "allow_other" in options.fuse_options("x") and "ro" in options.fuse_options("x")
+    assert (
+        parse_size("4096") == 4096 and parse_size("64K") == 65536 and parse_size("1GiB") == 1 << 30
+    )
+    with pytest.raises(UsageError):
+        parse_size("-1")

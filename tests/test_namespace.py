@@ -1,0 +1,234 @@
+"""The view as a library, without FUSE: data written by zarr-python 3, read through `Namespace`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Hashable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
+
+from shardfs.errors import CorruptData, IsADirectory, NotADirectory, NotFound
+from shardfs.storage import LocalStorage
+from shardfs.view import Namespace, Node, Role
+
+
+def materialize(ns: Namespace, node: Node, target: Path) -> None:
+    """Copy the whole view below `node` into a plain directory, through the library API."""
+    for name, child, attr in ns.listdir(node):
+        path = target / name
+        if child.is_dir:
+            path.mkdir()
+            materialize(ns, child, path)
+        else:
+            reader = ns.open(child)
+            data = reader.read(0, attr.size + 1)
+            assert len(data) == attr.size == reader.size
+            path.write_bytes(data)
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    root = tmp_path / "src"
+    group = zarr.open_group(root, mode="w", attributes={"title": "t"})
+    rng = np.random.default_rng(0)
+    values = {
+        "nested/sharded": rng.integers(0, 1000, (20, 30), dtype="int32"),
+        "flat": rng.random((9, 10, 11)).astype("float32"),
+        "plain": np.arange(50, dtype="uint8"),
+    }
+    sub = group.create_group("nested", attributes={"level": 1})
+    a = sub.create_array("sharded", shape=(20, 30), dtype="int32", shards=(8, 16), chunks=(4, 4))
+    a[:] = values["nested/sharded"]
+    b = group.create_array(
+        "flat",
+        shape=(9, 10, 11),
+        dtype="float32",
+        shards=(4, 4, 6),
+        chunks=(2, 2, 3),
+        chunk_key_encoding={"name": "v2", "separator": "."},
+        fill_value=float("nan"),
+    )
+    b[:] = values["flat"]
+    c = group.create_array("plain", shape=(50,), dtype="uint8", chunks=(10,))
+    c[:] = values["plain"]
+    (root / "nested" / "sharded" / "README.txt").write_text("not a chunk")
+    return root, values
+
+
+def test_materialized_view_is_a_plain_zarr_with_the_same_values(
+    source: tuple[Path, dict[str, np.ndarray]], tmp_path: Path
+) -> None:
+    root, values = source
+    ns = Namespace(LocalStorage(root))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    materialize(ns, ns.root(), copy)
+    for path, expected in values.items():
+        array = zarr.open_array(copy / path, mode="r")
+        assert not any(isinstance(c, ShardingCodec) for c in array.metadata.codecs)
+        np.testing.assert_array_equal(array[:], expected)
+    # Passthrough files are byte-identical.
+    for rel in [
+        "zarr.json",
+        "nested/zarr.json",
+        "plain/zarr.json",
+        "plain/c/3",
+        "nested/sharded/README.txt",
+    ]:
+        assert (copy / rel).read_bytes() == (root / rel).read_bytes(), rel
+    # No shard file survives in the view of a sharded array.
+    assert sorted(os.listdir(copy / "nested" / "sharded")) == ["README.txt", "c", "zarr.json"]
+    chunk_names = set(os.listdir(copy / "flat")) - {"zarr.json"}
+    assert chunk_names == {f"{i}.{j}.{k}" for i in range(5) for j in range(5) for k in range(4)}
+
+
+def test_lookup_errors(source: tuple[Path, dict[str, np.ndarray]]) -> None:
+    root, _ = source
+    ns = Namespace(LocalStorage(root))
+    for missing in ["nope", "nested/sharded/c/5", "nested/sharded/c/0/8", "flat/5.0.0", "flat/0.0"]:
+        with pytest.raises(NotFound):
+            ns.resolve(missing)
+    chunk = ns.resolve("nested/sharded/c/0/0")
+    assert chunk.role is Role.CHUNK
+    with pytest.raises(NotADirectory):
+        ns.lookup(chunk, "x")
+    with pytest.raises(NotADirectory):
+        ns.listdir(chunk)
+    with pytest.raises(IsADirectory):
+        ns.open(ns.resolve("nested/sharded/c/0"))
+
+
+def test_sparse_array_has_no_files_for_empty_chunks(tmp_path: Path) -> None:
+    root = tmp_path / "sparse"
+    a = zarr.create_array(root, shape=(16, 16), dtype="uint8", shards=(8, 8), chunks=(2, 2))
+    a[0:2, 0:2] = 1  # one chunk of shard (0, 0)
+    a[10:12, 12:14] = 2  # one chunk of shard (1, 1)
+    ns = Namespace(LocalStorage(root))
+    files = {
+        f"{row_name}/{name}"
+        for row_name, row, _ in ns.listdir(ns.resolve("c"))
+        for name, _, _ in ns.listdir(row)
+    }
+    assert files == {"0/0", "5/6"}
+    assert {name for name, _, _ in ns.listdir(ns.resolve("c"))} == {str(i) for i in range(8)}
+    with pytest.raises(NotFound):
+        ns.resolve("c/0/1")  # empty inner chunk of an existing shard
+    with pytest.raises(NotFound):
+        ns.resolve("c/0/6")  # inside a missing shard
+    with pytest.raises(NotFound):
+        ns.resolve("c/3/0")  # an empty chunk in an empty row of an existing shard
+    assert ns.listdir(ns.resolve("c/3")) == []  # rows are shown wherever a shard row exists
+
+
+class CountingStorage(LocalStorage):
+    """Local storage that counts and slows down reads, to observe the index cache."""
+
+    def __init__(self, root: Path, delay: float = 0.0) -> None:
+        super().__init__(root)
+        self.reads = 0
+        self.delay = delay
+        self._lock = threading.Lock()
+
+    def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
+        with self._lock:
+            self.reads += 1
+        time.sleep(self.delay)
+        return super().read(key, offset, length, version)
+
+
+def test_concurrent_lookups_share_one_index_read(
+    source: tuple[Path, dict[str, np.ndarray]],
+) -> None:
+    root, _ = source
+    storage = CountingStorage(root, delay=0.2)
+    ns = Namespace(storage)
+    array = ns.resolve("nested/sharded")
+    before = storage.reads
+    errors: list[BaseException] = []
+
+    def look(j: int) -> None:
+        try:
+            ns.lookup(ns.lookup(ns.lookup(array, "c"), "0"), str(j))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=look, args=(j,)) for j in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert storage.reads - before == 1  # four chunks of one shard, one index read
+    assert ns.indexes.stats.loads == 1
+
+
+def test_index_cache_stays_within_budget(source: tuple[Path, dict[str, np.ndarray]]) -> None:
+    root, _ = source
+    ns = Namespace(LocalStorage(root), index_cache=2000)
+    flat = ns.resolve("flat")
+    names = [name for name, _, _ in ns.listdir(flat)]
+    assert len(names) == 101
+    assert ns.indexes.used <= 2000
+    assert ns.indexes.stats.evictions > 0
+
+
+def test_source_rewritten_behind_the_view_is_reread(tmp_path: Path) -> None:
+    root = tmp_path / "changing"
+    a = zarr.create_array(root, shape=(8,), dtype="uint8", shards=(8,), chunks=(2,), fill_value=0)
+    a[:] = 1
+    ns = Namespace(LocalStorage(root))
+    assert {n for n, _, _ in ns.listdir(ns.resolve("c"))} == {"0", "1", "2", "3"}
+    a[:4] = 0  # zarr-python rewrites the shard without chunks 0 and 1
+    assert {n for n, _, _ in ns.listdir(ns.resolve("c"))} == {"2", "3"}
+
+
+def test_corrupt_shard_is_reported_once_and_never_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "corrupt"
+    a = zarr.create_array(root, shape=(8,), dtype="uint8", shards=(4,), chunks=(2,))
+    a[:] = np.arange(8, dtype="uint8")
+    shard = root / "c" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-5] ^= 0xFF  # flip a bit of the index, so its crc32c no longer matches
+    shard.write_bytes(bytes(raw))
+    ns = Namespace(LocalStorage(root))
+    with caplog.at_level(logging.ERROR, logger="shardfs"):
+        for _ in range(3):
+            with pytest.raises(CorruptData, match="checksum"):
+                ns.resolve("c/0")
+        with pytest.raises(CorruptData):
+            ns.listdir(ns.resolve("c"))
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and str(shard) in errors[0].getMessage()
+    assert ns.open(ns.resolve("c/2")).read(0, 100)  # the healthy shard still serves
+
+
+def test_whole_shard_compression_is_shown_unchanged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "whole"
+    a = zarr.create_array(
+        root,
+        shape=(8,),
+        dtype="uint8",
+        chunks=(4,),
+        serializer=ShardingCodec(chunk_shape=(2,), codecs=[BytesCodec()]),
+        compressors=[ZstdCodec()],
+    )
+    a[:] = 7
+    ns = Namespace(LocalStorage(root))
+    with caplog.at_level(logging.WARNING, logger="shardfs"):
+        node = ns.resolve("")
+    assert node.role is Role.DIR
+    assert "whole-shard" in caplog.text
+    meta = ns.resolve("zarr.json")
+    assert ns.open(meta).read(0, 1 << 20) == (root / "zarr.json").read_bytes()
+    assert ns.resolve("c/0").role is Role.FILE  # the real shard passes through
