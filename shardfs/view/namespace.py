@@ -118,6 +118,12 @@ def join(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
 
+#: Chunks up to this size are read whole on the first read of an open file, so
+#: that reading a chunk costs one positioned read of its shard however the
+#: kernel splits the file into requests.
+WHOLE_CHUNK_LIMIT = 4 << 20
+
+
 class Reader:
     """An open file of the view. Reads are pinned to the version seen at open."""
 
@@ -138,18 +144,27 @@ class Reader:
         self._base = base
         self.size = size
         self._data = data
+        self._whole = node.role is Role.CHUNK and size <= WHOLE_CHUNK_LIMIT
 
     def read(self, offset: int, size: int) -> bytes:
         if offset >= self.size or size <= 0:
             return b""
         size = min(size, self.size - offset)
-        if self._data is not None:
-            return self._data[offset : offset + size]
+        data = self._data
+        if data is None and self._whole:
+            data = self._data = self._fetch(0, self.size)
+        if data is not None:
+            if self._whole and offset + size >= self.size:
+                self._data = None  # read to the end: free the buffer of a sequential reader
+            return data[offset : offset + size]
+        return self._fetch(offset, size)
+
+    def _fetch(self, offset: int, size: int) -> bytes:
         try:
             return self._ns.storage.read(self._key, self._base + offset, size, self._stat.version)
         except SourceChanged:
             self._follow_change()
-            return self.read(offset, size)
+            return self._ns.storage.read(self._key, self._base + offset, size, self._stat.version)
 
     def _follow_change(self) -> None:
         """The object changed while open: carry on only if this file's bytes did not.
