@@ -124,6 +124,29 @@ def test_detached_mount_answers_at_once_and_umount_stops_the_daemon(
             os.kill(pid, signal.SIGKILL)
 
 
+def test_detached_mount_takes_relative_paths(tmp_path: Path, source: Path) -> None:
+    """The daemon runs in "/": relative SOURCE, MOUNTPOINT and log= must still work."""
+    (tmp_path / "mp").mkdir()
+    rel_source = os.path.relpath(source, tmp_path)
+    result = subprocess.run(
+        [*SHARDFS, "mount", rel_source, "mp", "-o", "ro,log=rel.log"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    mp = tmp_path / "mp"
+    try:
+        assert result.returncode == 0, result.stderr
+        assert sorted(os.listdir(mp / "c" / "0")) == ["0", "1", "2", "3"]
+        assert "mounted" in (tmp_path / "rel.log").read_text()
+    finally:
+        pids = daemons_for(mp)
+        if mount_type(str(mp)) is not None:
+            unmount(str(mp), lazy=True)
+        assert wait_gone(pids), "daemon still running after unmount"
+
+
 def test_umount_of_something_else_is_refused(tmp_path: Path) -> None:
     result = run("umount", str(tmp_path))
     assert result.returncode == 1 and "not mounted" in result.stderr

@@ -125,9 +125,15 @@ def _fsname(source: str) -> str:
 
 
 def _mount(args: argparse.Namespace) -> int:
-    options = parse_options(args.options)
-    open_source(args.source)
-    check_mountpoint(args.mountpoint, args.source)
+    try:
+        options = parse_options(args.options)
+        open_source(args.source)
+        check_mountpoint(args.mountpoint, args.source)
+    except ShardfsError as e:
+        if args.ready_fd is not None:  # a detached daemon: its parent prints the error
+            with os.fdopen(args.ready_fd, "w") as ready:
+                ready.write(f"error {e}\n")
+        raise
     if args.foreground or args.ready_fd is not None:
         return _run_daemon(args, options)
     return _spawn_daemon(args, options)
@@ -184,7 +190,9 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
 
 def _spawn_daemon(args: argparse.Namespace, options: MountOptions) -> int:
     read_end, write_end = os.pipe()
-    command = [sys.executable, "-m", "shardfs", "mount", args.source, args.mountpoint]
+    # The daemon runs in "/", so every path it gets must be absolute.
+    source, mountpoint = os.path.abspath(args.source), os.path.abspath(args.mountpoint)
+    command = [sys.executable, "-m", "shardfs", "mount", source, mountpoint]
     if options.given:
         command += ["-o", options.argument()]
     command += ["--ready-fd", str(write_end)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -61,7 +62,9 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             elif name == "index_cache":
                 options.index_cache = parse_size(value)
             elif name == "log" and value:
-                options.log_file = value
+                # Absolute, because a detached daemon runs in "/".
+                options.log_file = os.path.abspath(value)
+                item = f"log={options.log_file}"
             else:
                 raise UsageError(f"unknown mount option {item!r}")
             options.given.append(item)

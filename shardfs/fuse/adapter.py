@@ -1,8 +1,10 @@
 """The pyfuse3 adapter: translates kernel requests into `Namespace` calls.
 
 This is the only place that knows about FUSE. Every handler runs its core
-call in a worker thread (storage calls block) and turns core exceptions into
-errno values in `_errors`, so no exception can end the main loop.
+call first on the event loop in non-blocking mode and, if that would wait for
+I/O, again in a worker thread (see `shardfs.storage.blocking`); it turns core
+exceptions into errno values in `_errors`, so no exception can end the main
+loop.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from shardfs.errors import (
     ShardfsError,
 )
 from shardfs.fuse.inodes import InodeTable
+from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.view import Attr, Namespace, Node, Reader
 
 log = logging.getLogger("shardfs")
@@ -109,7 +112,12 @@ class Operations(pyfuse3.Operations):
         self._uid, self._gid = os.getuid(), os.getgid()
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        """Run a core call inline if it needs no waiting I/O, else in a worker thread."""
+        try:
+            with nonblocking():
+                return fn(*args)
+        except WouldBlock:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     def _node(self, ino: int) -> Node:
         try:

@@ -1,8 +1,10 @@
 """The storage interface every backend implements.
 
 Keys are `/`-separated paths relative to the source root ("" is the root).
-Calls block; the FUSE adapter runs them in worker threads, so backends must
-be thread-safe. Nothing above this layer knows which backend it talks to.
+Calls block and may come from several threads at once, so backends must be
+thread-safe. Inside `shardfs.storage.blocking.nonblocking()` a backend must
+not wait for I/O: it raises `WouldBlock` instead (see that module). Nothing
+above this layer knows which backend it talks to.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from shardfs.errors import CorruptData, NotADirectory, NotFound, SourceChanged, StorageError
 from shardfs.storage.base import Entry, Stat, Storage
+from shardfs.storage.blocking import WouldBlock, check_may_block, may_block
 
 
 def _stat_of(st: os.stat_result) -> Stat:
@@ -45,6 +46,7 @@ class LocalStorage(Storage):
         return _stat_of(st)
 
     def list(self, key: str) -> list[Entry]:
+        check_may_block()  # a cold listing of a big directory can take long
         try:
             with os.scandir(self._path(key)) as it:
                 entries = []
@@ -75,7 +77,7 @@ class LocalStorage(Storage):
         try:
             if version is not None and _stat_of(os.fstat(fd)).version != version:
                 raise SourceChanged(f"{self.describe(key)} changed")
-            data = os.pread(fd, length, offset)
+            data = os.pread(fd, length, offset) if may_block() else _read_cached(fd, offset, length)
         except OSError as e:
             code = errno.errorcode.get(e.errno, "?")
             raise StorageError(f"{self.describe(key)}: read failed ({code})") from None
@@ -89,3 +91,19 @@ class LocalStorage(Storage):
 
     def describe(self, key: str) -> str:
         return self._path(key)
+
+
+def _read_cached(fd: int, offset: int, length: int) -> bytes:
+    """Read only from the page cache (RWF_NOWAIT); WouldBlock if the disk is needed."""
+    buf = bytearray(length)
+    try:
+        got = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)
+    except (BlockingIOError, InterruptedError):
+        raise WouldBlock from None
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without RWF_NOWAIT
+            raise WouldBlock from None
+        raise
+    if got != length:  # partly cached, or a short file: the blocking read tells which
+        raise WouldBlock
+    return bytes(buf)

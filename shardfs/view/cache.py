@@ -10,6 +10,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from shardfs.storage.blocking import WouldBlock, may_block
+
 V = TypeVar("V")
 
 
@@ -35,7 +37,10 @@ class LruCache(Generic[V]):
     `cost(value)` is the size charged against the budget. Concurrent `get`s
     of a missing key share one call of the loader: the first caller loads,
     the others wait for its result. Errors of the types in `cache_errors`
-    are cached like values (costing `error_cost`); others are not.
+    are cached like values (costing `error_cost`); others are not. In a
+    non-blocking section a caller does not wait for another's load: it
+    raises WouldBlock; and a waiter whose loader gave up with WouldBlock
+    loads the value itself.
     """
 
     def __init__(
@@ -70,7 +75,12 @@ class LruCache(Generic[V]):
                 future: Future[V | _Failure] = Future()
                 self._loading[key] = future
         if pending is not None:
-            return self._unwrap(pending.result())
+            if not may_block():
+                raise WouldBlock
+            try:
+                return self._unwrap(pending.result())
+            except WouldBlock:
+                return self.get(key, load)
         self.stats.loads += 1
         try:
             value: V | _Failure = load()

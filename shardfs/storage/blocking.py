@@ -1,0 +1,44 @@
+"""Non-blocking attempts: run a core call on the event loop unless it would wait for I/O.
+
+Why: a worker-thread round trip costs more than serving a request whose data
+is already in memory (a cached index, a chunk in the page cache), yet running
+every call on the single event-loop thread would serialise cold disk reads.
+So the FUSE adapter first runs a call inside `nonblocking()`; any storage
+access that would have to wait raises `WouldBlock` instead, and the adapter
+runs the call again in a worker thread. Core calls are reads, so a retry is
+safe. The mode is per thread: worker threads always block normally.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_state = threading.local()
+
+
+class WouldBlock(Exception):
+    """The call needs I/O that may wait; retry it where blocking is allowed."""
+
+
+@contextmanager
+def nonblocking() -> Iterator[None]:
+    """Within this block, this thread must not wait for I/O."""
+    previous = getattr(_state, "active", False)
+    _state.active = True
+    try:
+        yield
+    finally:
+        _state.active = previous
+
+
+def may_block() -> bool:
+    """Whether the current thread may wait for I/O."""
+    return not getattr(_state, "active", False)
+
+
+def check_may_block() -> None:
+    """Raise WouldBlock in a non-blocking section (for I/O that has no cheap probe)."""
+    if getattr(_state, "active", False):
+        raise WouldBlock
