@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from shardfs.fuse.mounts import mount_type, unmount
+from tests.zarr2 import Zarr2, ensure_zarr2
 
 
 @dataclass
@@ -75,3 +76,9 @@ def mount(tmp_path: Path) -> Iterator:
     yield _mount
     for mounted in reversed(mounts):
         stop_mount(mounted)
+
+
+@pytest.fixture(scope="session")
+def zarr2() -> Zarr2:
+    """zarr-python 2.18 in its own virtual environment (see tests/zarr2.py)."""
+    return ensure_zarr2()

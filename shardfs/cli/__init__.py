@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="OPT[,OPT...]",
-        help="ro, rw, allow_other, debug, index_cache=SIZE, log=FILE",
+        help="ro, rw, allow_other, debug, index_cache=SIZE, view=v3|v2, log=FILE",
     )
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     mount.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -159,7 +159,7 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
     # Imported here so that `shardfs umount` and the detaching parent stay light.
     from shardfs.fuse import MountConfig
     from shardfs.fuse.daemon import serve
-    from shardfs.view import Namespace
+    from shardfs.view import Namespace, View
 
     _setup_logging(options, foreground=args.ready_fd is None)
     ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
@@ -170,7 +170,9 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
             ready.close()
 
     try:
-        namespace = Namespace(open_source(args.source), index_cache=options.index_cache)
+        namespace = Namespace(
+            open_source(args.source), index_cache=options.index_cache, view=View(options.view)
+        )
         serve(
             namespace,
             args.mountpoint,

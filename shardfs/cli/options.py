@@ -26,6 +26,7 @@ class MountOptions:
     allow_other: bool = False
     debug: bool = False
     index_cache: int = 64 << 20
+    view: str = "v3"
     log_file: str | None = None
     given: list[str] = field(default_factory=list)
 
@@ -61,6 +62,10 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.debug = True
             elif name == "index_cache":
                 options.index_cache = parse_size(value)
+            elif name == "view":
+                if value not in ("v2", "v3"):
+                    raise UsageError(f"unknown view {value!r} (use view=v3 or view=v2)")
+                options.view = value
             elif name == "log" and value:
                 # Absolute, because a detached daemon runs in "/".
                 options.log_file = os.path.abspath(value)

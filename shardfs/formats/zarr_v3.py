@@ -112,7 +112,8 @@ class ShardedLayout:
         return all(0 <= c < g for c, g in zip(chunk, self.grid, strict=True))
 
 
-def _permutation(config: dict[str, Any], ndim: int) -> tuple[int, ...]:
+def transpose_order(config: dict[str, Any], ndim: int) -> tuple[int, ...]:
+    """The axis order of a `transpose` codec's configuration ("C", "F" or a permutation)."""
     order = config.get("order")
     if order == "C":
         return tuple(range(ndim))
@@ -152,17 +153,14 @@ def parse_node(raw: bytes) -> dict[str, Any]:
     return meta
 
 
-def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
-    """The view of a sharded array, or None if the array is not sharded.
+def _regular_grid(
+    meta: dict[str, Any],
+) -> tuple[tuple[int, ...], tuple[int, ...], ChunkKeyEncoding]:
+    """(shape, chunk_grid chunk shape, chunk key encoding) of an array the view can split.
 
-    Raises Unshardable (with the reason) if the array is sharded in a way the
-    view cannot serve byte for byte; such arrays are shown unchanged.
+    Raises Unshardable for what the view cannot serve and InvalidMetadata
+    for what is not valid metadata.
     """
-    codecs = meta.get("codecs")
-    if not isinstance(codecs, list):
-        raise InvalidMetadata("array metadata has no codecs list")
-    if not any(normalize_codec(c)[0] == SHARDING for c in codecs):
-        return None
     for field, value in meta.items():
         if field not in KNOWN_ARRAY_FIELDS and not (
             isinstance(value, dict) and value.get("must_understand") is False
@@ -174,14 +172,37 @@ def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
     if not isinstance(grid, dict) or grid.get("name") != "regular":
         raise Unshardable(f"chunk grid {grid!r} is not 'regular'")
     shape = _int_shape(meta.get("shape"), "shape")
-    shard_shape = _int_shape((grid.get("configuration") or {}).get("chunk_shape"), "chunk_shape")
-    if len(shard_shape) != len(shape):
+    chunk_shape = _int_shape((grid.get("configuration") or {}).get("chunk_shape"), "chunk_shape")
+    if len(chunk_shape) != len(shape):
         raise InvalidMetadata("chunk_shape and shape differ in rank")
     if not shape:
-        raise Unshardable("zero-dimensional sharded arrays are not supported")
-    if 0 in shard_shape:
+        raise Unshardable("zero-dimensional arrays are not supported")
+    if 0 in chunk_shape:
         raise InvalidMetadata("chunk_shape has a zero extent")
-    keys = ChunkKeyEncoding.from_metadata(meta.get("chunk_key_encoding"))
+    return shape, chunk_shape, ChunkKeyEncoding.from_metadata(meta.get("chunk_key_encoding"))
+
+
+def plain_layout(meta: dict[str, Any], raw: bytes) -> ShardedLayout:
+    """An unsharded array as a layout of zero levels: each chunk object is one view chunk.
+
+    Views that rename chunks (zarr v2) then serve plain arrays like sharded ones.
+    """
+    shape, chunk_shape, keys = _regular_grid(meta)
+    return ShardedLayout(shape, chunk_shape, chunk_shape, (), keys, raw)
+
+
+def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
+    """The view of a sharded array, or None if the array is not sharded.
+
+    Raises Unshardable (with the reason) if the array is sharded in a way the
+    view cannot serve byte for byte; such arrays are shown unchanged.
+    """
+    codecs = meta.get("codecs")
+    if not isinstance(codecs, list):
+        raise InvalidMetadata("array metadata has no codecs list")
+    if not any(normalize_codec(c)[0] == SHARDING for c in codecs):
+        return None
+    shape, shard_shape, keys = _regular_grid(meta)
 
     levels: list[ShardLevel] = []
     view_codecs: list[Any] = []
@@ -192,7 +213,7 @@ def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
         perm = tuple(range(len(shape)))
         position = 0
         while position < len(chain) and normalize_codec(chain[position])[0] == "transpose":
-            step = _permutation(normalize_codec(chain[position])[1], len(shape))
+            step = transpose_order(normalize_codec(chain[position])[1], len(shape))
             perm = tuple(perm[i] for i in step)
             view_codecs.append(chain[position])
             position += 1

@@ -1,6 +1,6 @@
 """The unsharded view: virtual namespace, resolution and caches (no FUSE here)."""
 
 from shardfs.view.cache import LruCache
-from shardfs.view.namespace import Attr, Namespace, Node, Reader, Role
+from shardfs.view.namespace import Attr, Namespace, Node, Reader, Role, View
 
-__all__ = ["Attr", "LruCache", "Namespace", "Node", "Reader", "Role"]
+__all__ = ["Attr", "LruCache", "Namespace", "Node", "Reader", "Role", "View"]

@@ -6,6 +6,11 @@ array, the shards are replaced by one virtual file per non-empty inner chunk,
 named by the array's own chunk key encoding, and `zarr.json` is rewritten to
 describe the unsharded array (see `shardfs.formats.zarr_v3`).
 
+The zarr v2 view (`View.V2`) shows every group and array as zarr v2 instead:
+`.zgroup`/`.zarray`, `.zattrs` and a consolidated `.zmetadata` replace
+`zarr.json`, and the chunks of every array, sharded or not, are named by v2
+keys and served as v2 chunks (see `shardfs.formats.zarr_v2`).
+
 Nothing is scanned up front: a path is classified when it is looked up, and a
 shard's index is read the first time one of its chunks is needed. Decoded
 indexes live in one bounded LRU cache (`index_cache`), parsed metadata in
@@ -15,8 +20,10 @@ changed behind the mount's back is reread, never mixed with old state.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -31,13 +38,27 @@ from shardfs.errors import (
     SourceChanged,
     StorageError,
 )
-from shardfs.formats.keys import parse_index
+from shardfs.formats.keys import ChunkKeyEncoding, parse_index
 from shardfs.formats.shard_index import EMPTY, check_entries
+from shardfs.formats.zarr_v2 import (
+    ZARRAY,
+    ZATTRS,
+    ZGROUP,
+    ZMETADATA,
+    Transform,
+    Untranslatable,
+    V2Array,
+    consolidated,
+    render,
+    v2_array,
+    zattrs,
+)
 from shardfs.formats.zarr_v3 import (
     ShardedLayout,
     Unshardable,
     level_slots,
     parse_node,
+    plain_layout,
     sharded_layout,
 )
 from shardfs.storage.base import Entry, Stat, Storage
@@ -48,28 +69,69 @@ log = logging.getLogger("shardfs")
 METADATA = "zarr.json"
 
 
+class View(Enum):
+    V3 = "v3"  #: Zarr v3, sharded arrays unsharded
+    V2 = "v2"  #: zarr v2, for readers that know only v2
+
+
 class Role(Enum):
     DIR = auto()  #: a source directory, shown as is
     FILE = auto()  #: a source file, shown as is
-    ARRAY = auto()  #: the directory of a sharded array
-    METADATA = auto()  #: the rewritten zarr.json of a sharded array
-    CHUNK_DIR = auto()  #: a directory of a sharded array's chunk key space
-    CHUNK = auto()  #: one inner chunk of a sharded array
+    GROUP = auto()  #: the directory of a group whose metadata the view rewrites
+    ARRAY = auto()  #: the directory of an array whose chunks the view serves
+    METADATA = auto()  #: a metadata document the view writes (zarr.json, .zarray, ...)
+    CHUNK_DIR = auto()  #: a directory of an array's chunk key space
+    CHUNK = auto()  #: one chunk of the view
 
 
 @dataclass(frozen=True, eq=False)
 class ArrayView:
-    """A sharded array as the view shows it."""
+    """An array whose chunks the view serves: a sharded one, or any array in the v2 view.
+
+    `layout.keys` names the shards (or plain chunk objects) in the source;
+    `names` names the view's chunk files. `docs` are the metadata files shown
+    in the array directory instead of the source's `zarr.json`.
+    """
 
     key: str
     layout: ShardedLayout
     metadata: Stat
+    names: ChunkKeyEncoding
+    docs: dict[str, bytes]
+    #: how stored chunks become v2 chunks (v2 view only)
+    v2: V2Array | None
     #: Per level, the index slot of each view chunk of a shard (see `level_slots`).
     slots: list[np.ndarray] = field(repr=False)
 
     @property
     def cost(self) -> int:
-        return len(self.layout.view_metadata) + sum(s.nbytes for s in self.slots) + 512
+        docs = sum(len(d) for d in self.docs.values())
+        return docs + sum(s.nbytes for s in self.slots) + 1024
+
+    def served_size(self, stored: int) -> int:
+        """The size of the view chunk whose stored form has `stored` bytes."""
+        if self.v2 is None:
+            return stored
+        size = self.v2.served_size(stored)
+        if size < 0:
+            raise CorruptData(f"a chunk of {self.key} is {stored} bytes, too short for its crc32c")
+        return size
+
+
+@dataclass(frozen=True, eq=False)
+class GroupView:
+    """A group whose metadata the view rewrites (v2 view): `docs` replace its zarr.json."""
+
+    key: str
+    metadata: Stat
+    docs: dict[str, bytes]
+
+    @property
+    def cost(self) -> int:
+        return sum(len(d) for d in self.docs.values()) + 512
+
+
+NodeView = ArrayView | GroupView
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,17 +152,23 @@ class ShardTable:
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A path of the view and what it is. `coords` are chunk coordinates (CHUNK)
-    or the coordinates a chunk directory fixes (CHUNK_DIR)."""
+    """A path of the view and what it is. `meta` is the array or group the node
+    belongs to; `coords` are chunk coordinates (CHUNK) or the coordinates a
+    chunk directory fixes (CHUNK_DIR)."""
 
     path: str
     role: Role
-    array: ArrayView | None = None
+    meta: NodeView | None = None
     coords: tuple[int, ...] = ()
 
     @property
     def is_dir(self) -> bool:
-        return self.role in (Role.DIR, Role.ARRAY, Role.CHUNK_DIR)
+        return self.role in (Role.DIR, Role.GROUP, Role.ARRAY, Role.CHUNK_DIR)
+
+    @property
+    def array(self) -> ArrayView:
+        assert isinstance(self.meta, ArrayView), self
+        return self.meta
 
     @property
     def name(self) -> str:
@@ -125,7 +193,12 @@ WHOLE_CHUNK_LIMIT = 4 << 20
 
 
 class Reader:
-    """An open file of the view. Reads are pinned to the version seen at open."""
+    """An open file of the view. Reads are pinned to the version seen at open.
+
+    `stored` bytes of object `key` from `base` back the file; `serve`, if
+    given, turns them into the file's `size` bytes (a v2 chunk), so they are
+    read and converted whole on the first read.
+    """
 
     def __init__(
         self,
@@ -134,17 +207,21 @@ class Reader:
         key: str,
         stat: Stat,
         base: int,
-        size: int,
+        stored: int,
+        size: int | None = None,
         data: bytes | None = None,
+        serve: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self._ns = namespace
         self.node = node
         self._key = key
         self._stat = stat
         self._base = base
-        self.size = size
+        self._stored = stored
+        self.size = stored if size is None else size
         self._data = data
-        self._whole = node.role is Role.CHUNK and size <= WHOLE_CHUNK_LIMIT
+        self._serve = serve
+        self._whole = serve is not None or (node.role is Role.CHUNK and stored <= WHOLE_CHUNK_LIMIT)
 
     def read(self, offset: int, size: int) -> bytes:
         if offset >= self.size or size <= 0:
@@ -152,7 +229,10 @@ class Reader:
         size = min(size, self.size - offset)
         data = self._data
         if data is None and self._whole:
-            data = self._data = self._fetch(0, self.size)
+            data = self._fetch(0, self._stored)
+            if self._serve is not None:
+                data = self._serve(data)
+            self._data = data
         if data is not None:
             if self._whole and offset + size >= self.size:
                 self._data = None  # read to the end: free the buffer of a sequential reader
@@ -179,10 +259,10 @@ class Reader:
             if stat is None or stat.is_dir:
                 raise StorageError(f"{self._ns.storage.describe(self._key)} was removed while open")
             self._stat, self.size = stat, stat.size
+            self._stored = stat.size
             return
-        assert node.array is not None
         key, table, offset, nbytes = self._ns.locate(node.array, node.coords)
-        if (offset, nbytes) != (self._base, self.size):
+        if (offset, nbytes) != (self._base, self._stored):
             raise StorageError(f"{self._ns.storage.describe(key)} was rewritten while open")
         self._stat = table.stat
 
@@ -195,13 +275,15 @@ class Namespace:
         storage: Storage,
         index_cache: int = 64 << 20,
         metadata_cache: int = 16 << 20,
+        view: View = View.V3,
     ) -> None:
         self.storage = storage
+        self.view = view
         self.indexes: LruCache[ShardTable] = LruCache(
             index_cache, lambda t: t.cost, cache_errors=(CorruptData,)
         )
-        self.arrays: LruCache[ArrayView | None] = LruCache(
-            metadata_cache, lambda a: a.cost if a is not None else 256
+        self.nodes: LruCache[NodeView | None] = LruCache(
+            metadata_cache, lambda n: n.cost if n is not None else 256
         )
 
     # -- classification ---------------------------------------------------
@@ -227,31 +309,43 @@ class Namespace:
         path = join(parent.path, name)
         if parent.role is Role.DIR:
             return self._source_node(path)
-        array = self._fresh(parent.array)
-        layout = array.layout
-        if parent.role is Role.ARRAY:
+        meta = self._fresh(parent.meta)
+        if parent.role is Role.GROUP:
+            assert isinstance(meta, GroupView)
+            if name in meta.docs or name == ZMETADATA:
+                return Node(path, Role.METADATA, meta)
             if name == METADATA:
-                return Node(path, Role.METADATA, array)
-            if not layout.keys.owns(name, layout.ndim):
+                raise NotFound(path)  # replaced by the v2 documents
+            return self._source_node(path)
+        assert isinstance(meta, ArrayView)
+        layout, names = meta.layout, meta.names
+        if parent.role is Role.ARRAY:
+            if name in meta.docs:
+                return Node(path, Role.METADATA, meta)
+            if name == METADATA:
+                raise NotFound(path)
+            if not names.owns(name, layout.ndim):
+                if layout.keys.owns(name, layout.ndim):
+                    raise NotFound(path)  # a shard: replaced by the view's chunks
                 return self._source_node(path, inside_array=True)
             parts = [name]
         else:
             parts = [*self._key_parts(parent), name]
-        coords = layout.keys.decode("/".join(parts), layout.ndim)
+        coords = names.decode("/".join(parts), layout.ndim)
         if coords is not None:
-            self.locate(array, coords)
-            return Node(path, Role.CHUNK, array, coords)
-        prefix = layout.keys.dir_depth(parts, layout.ndim)
-        if prefix is None or not self._chunk_dir_exists(array, prefix):
+            self.locate(meta, coords)
+            return Node(path, Role.CHUNK, meta, coords)
+        prefix = names.dir_depth(parts, layout.ndim)
+        if prefix is None or not self._chunk_dir_exists(meta, prefix):
             raise NotFound(path)
-        return Node(path, Role.CHUNK_DIR, array, prefix)
+        return Node(path, Role.CHUNK_DIR, meta, prefix)
 
     def refresh(self, node: Node) -> Node:
         """The node for the same path now, raising NotFound if it is gone."""
-        if node.array is None:
+        if node.meta is None:
             return node
-        current = self._fresh(node.array)
-        return node if current is node.array else Node(node.path, node.role, current, node.coords)
+        current = self._fresh(node.meta)
+        return node if current is node.meta else Node(node.path, node.role, current, node.coords)
 
     def _source_node(self, path: str, inside_array: bool = False) -> Node:
         stat = self.storage.stat(path)
@@ -262,38 +356,70 @@ class Namespace:
         return Node(path, Role.DIR) if inside_array else self._dir_node(path)
 
     def _dir_node(self, key: str) -> Node:
-        array = self._array_at(key)
-        return Node(key, Role.ARRAY, array) if array is not None else Node(key, Role.DIR)
+        meta = self._meta_at(key)
+        if isinstance(meta, ArrayView):
+            return Node(key, Role.ARRAY, meta)
+        if isinstance(meta, GroupView):
+            return Node(key, Role.GROUP, meta)
+        return Node(key, Role.DIR)
 
-    def _array_at(self, key: str) -> ArrayView | None:
-        """The sharded array whose directory is `key`, if there is one."""
+    def _meta_at(self, key: str) -> NodeView | None:
+        """The array or group at directory `key` whose view differs from the source."""
         meta_key = join(key, METADATA)
         stat = self.storage.stat(meta_key)
         if stat is None or stat.is_dir:
             return None
-        return self.arrays.get((meta_key, stat.version), lambda: self._load_array(key, stat))
+        return self.nodes.get((meta_key, stat.version), lambda: self._load_meta(key, stat))
 
-    def _load_array(self, key: str, stat: Stat) -> ArrayView | None:
+    def _load_meta(self, key: str, stat: Stat) -> NodeView | None:
         meta_key = join(key, METADATA)
         raw = self.storage.read(meta_key, 0, stat.size, stat.version)
         try:
             meta = parse_node(raw)
-            if meta["node_type"] != "array":
-                return None
+            if meta["node_type"] == "group":
+                return self._load_group(key, stat, meta)
             layout = sharded_layout(meta)
-        except (InvalidMetadata, Unshardable) as e:
+            if self.view is View.V3:
+                if layout is None:
+                    return None
+                return ArrayView(
+                    key,
+                    layout,
+                    stat,
+                    layout.keys,
+                    {METADATA: layout.view_metadata},
+                    None,
+                    level_slots(layout),
+                )
+            view_meta = json.loads(layout.view_metadata) if layout is not None else meta
+            v2 = v2_array(view_meta)
+            if layout is None:
+                layout = plain_layout(meta, raw)
+        except (InvalidMetadata, Unshardable, Untranslatable) as e:
             log.warning("%s: shown unchanged: %s", self.storage.describe(meta_key), e)
             return None
-        if layout is None:
-            return None
-        return ArrayView(key, layout, stat, level_slots(layout))
+        docs = {ZARRAY: render(v2.zarray), ZATTRS: render(v2.zattrs)}
+        return ArrayView(key, layout, stat, v2.keys, docs, v2, level_slots(layout))
 
-    def _fresh(self, array: ArrayView | None) -> ArrayView:
-        """`array` as it is now: its metadata may have changed since the node was made."""
-        assert array is not None
-        current = self._array_at(array.key)
-        if current is None:
-            raise NotFound(array.key)
+    def _load_group(self, key: str, stat: Stat, meta: dict) -> GroupView | None:
+        if self.view is View.V3:
+            return None
+        return GroupView(
+            key, stat, {ZGROUP: render({"zarr_format": 2}), ZATTRS: render(zattrs(meta))}
+        )
+
+    def _fresh(self, meta: NodeView | None) -> NodeView:
+        """`meta` as it is now: the metadata may have changed since the node was made."""
+        assert meta is not None
+        current = self._meta_at(meta.key)
+        if type(current) is not type(meta):
+            raise NotFound(meta.key)
+        assert current is not None
+        return current
+
+    def _fresh_array(self, node: Node) -> ArrayView:
+        current = self._fresh(node.meta)
+        assert isinstance(current, ArrayView)
         return current
 
     # -- shards -------------------------------------------------------------
@@ -302,12 +428,19 @@ class Namespace:
         return join(array.key, array.layout.keys.encode(shard))
 
     def table(self, array: ArrayView, shard: tuple[int, ...]) -> ShardTable | None:
-        """The decoded index of a shard, or None if the shard does not exist."""
+        """The decoded index of a shard, or None if the shard does not exist.
+
+        A plain (unsharded) array's chunk object is its own one-entry table,
+        made from its stat without a read or a cache entry.
+        """
         key = self.shard_key(array, shard)
         for _attempt in range(3):
             stat = self.storage.stat(key)
             if stat is None or stat.is_dir:
                 return None
+            if not array.layout.levels:
+                entries = np.array([0, stat.size], dtype=np.uint64)
+                return ShardTable(stat, entries.reshape((1,) * array.layout.ndim + (2,)))
             try:
                 return self.indexes.get(
                     (key, stat.version), lambda st=stat: self._load_table(array, key, st)
@@ -373,55 +506,83 @@ class Namespace:
         """(shard key, table, offset, nbytes) of a non-empty chunk; NotFound otherwise."""
         layout = array.layout
         if not layout.in_bounds(coords):
-            raise NotFound(layout.keys.encode(coords))
+            raise NotFound(array.names.encode(coords))
         shard, local = layout.shard_of(coords)
         table = self.table(array, shard)
         if table is None:
-            raise NotFound(layout.keys.encode(coords))
+            raise NotFound(array.names.encode(coords))
         offset, nbytes = table.entries[local]
         if nbytes == EMPTY:
-            raise NotFound(layout.keys.encode(coords))
+            raise NotFound(array.names.encode(coords))
         return self.shard_key(array, shard), table, int(offset), int(nbytes)
 
-    def _chunk_dir_exists(self, array: ArrayView, prefix: tuple[int, ...]) -> bool:
+    def _shard_dir(self, array: ArrayView, prefix: tuple[int, ...]) -> str:
+        """The source directory holding the shards of the view chunks starting with `prefix`."""
         layout = array.layout
-        if any(not 0 <= i < g for i, g in zip(prefix, layout.grid, strict=False)):
-            return False
         cps = layout.chunks_per_shard
         shard_prefix = tuple(i // n for i, n in zip(prefix, cps, strict=False))
-        stat = self.storage.stat(join(array.key, layout.keys.dir_path(shard_prefix)))
+        return join(array.key, layout.keys.dir_path(shard_prefix))
+
+    def _chunk_dir_exists(self, array: ArrayView, prefix: tuple[int, ...]) -> bool:
+        if any(not 0 <= i < g for i, g in zip(prefix, array.layout.grid, strict=False)):
+            return False
+        stat = self.storage.stat(self._shard_dir(array, prefix))
         return stat is not None and stat.is_dir
 
     def _key_parts(self, node: Node) -> list[str]:
         """The components of a chunk directory's path below its array."""
-        assert node.array is not None
         rest = node.path[len(node.array.key) :].lstrip("/")
         return rest.split("/") if rest else []
 
     # -- attributes and listings ----------------------------------------------
 
     def attr(self, node: Node) -> Attr:
-        if node.role in (Role.DIR, Role.FILE, Role.ARRAY, Role.CHUNK_DIR):
+        if node.is_dir or node.role is Role.FILE:
             stat = self.storage.stat(self._backing_key(node))
             if stat is None or stat.is_dir != node.is_dir:
                 raise NotFound(node.path)
             return Attr(node.is_dir, stat.size, stat.mtime_ns)
-        array = self._fresh(node.array)
+        meta = self._fresh(node.meta)
         if node.role is Role.METADATA:
-            return Attr(False, len(array.layout.view_metadata), array.metadata.mtime_ns)
-        _, table, _, nbytes = self.locate(array, node.coords)
-        return Attr(False, nbytes, table.stat.mtime_ns)
+            data, mtime_ns = self._document(meta, node.name)
+            return Attr(False, len(data), mtime_ns)
+        assert isinstance(meta, ArrayView)
+        _, table, _, nbytes = self.locate(meta, node.coords)
+        return Attr(False, meta.served_size(nbytes), table.stat.mtime_ns)
 
     def _backing_key(self, node: Node) -> str:
         """The source key whose stat stands for a directory or passthrough node."""
         if node.role is not Role.CHUNK_DIR:
             return node.path
-        assert node.array is not None
-        layout = node.array.layout
-        shard_prefix = tuple(
-            i // n for i, n in zip(node.coords, layout.chunks_per_shard, strict=False)
-        )
-        return join(node.array.key, layout.keys.dir_path(shard_prefix))
+        return self._shard_dir(node.array, node.coords)
+
+    def _document(self, meta: NodeView, name: str) -> tuple[bytes, int]:
+        """(content, mtime) of a metadata document the view writes."""
+        if name == ZMETADATA:
+            assert isinstance(meta, GroupView)
+            return self._consolidate(meta)
+        return meta.docs[name], meta.metadata.mtime_ns
+
+    def _consolidate(self, group: GroupView) -> tuple[bytes, int]:
+        """The group's `.zmetadata`: the v2 documents of every node below it.
+
+        Only groups are descended into, so the cost is one listing per group
+        of the subtree, whatever the number of chunks.
+        """
+        documents: dict[str, dict] = {}
+        mtime_ns = group.metadata.mtime_ns
+        pending: list[tuple[str, NodeView]] = [("", group)]
+        while pending:
+            prefix, meta = pending.pop()
+            mtime_ns = max(mtime_ns, meta.metadata.mtime_ns)
+            for name, data in meta.docs.items():
+                documents[prefix + name] = json.loads(data)
+            if isinstance(meta, GroupView):
+                for entry in self.storage.list(meta.key):
+                    child = self._meta_at(join(meta.key, entry.name)) if entry.stat.is_dir else None
+                    if child is not None:
+                        pending.append((f"{prefix}{entry.name}/", child))
+        return render(consolidated(documents)), mtime_ns
 
     def listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
         """The entries of a directory node, sorted by name."""
@@ -431,46 +592,73 @@ class Namespace:
             listing = [
                 self._source_entry(node.path, e.name, e.stat) for e in self.storage.list(node.path)
             ]
+        elif node.role is Role.GROUP:
+            listing = self._list_group(self._fresh(node.meta))
         elif node.role is Role.ARRAY:
-            listing = self._list_array(self._fresh(node.array))
+            listing = self._list_array(self._fresh_array(node))
         else:
-            listing = self._list_chunk_dir(self._fresh(node.array), node.coords)
+            listing = self._list_chunk_dir(self._fresh_array(node), node.coords)
         listing.sort(key=lambda item: item[0])
         return listing
 
     def _source_entry(self, parent: str, name: str, stat: Stat) -> tuple[str, Node, Attr]:
         path = join(parent, name)
         node = self._dir_node(path) if stat.is_dir else Node(path, Role.FILE)
-        return name, node, Attr(stat.is_dir, stat.size, stat.mtime_ns)
+        return name, node, self._attr_of(stat)
+
+    def _documents(self, meta: NodeView) -> list[tuple[str, Node, Attr]]:
+        names = [*meta.docs, ZMETADATA] if isinstance(meta, GroupView) else list(meta.docs)
+        listing = []
+        for name in names:
+            data, mtime_ns = self._document(meta, name)
+            node = Node(join(meta.key, name), Role.METADATA, meta)
+            listing.append((name, node, Attr(False, len(data), mtime_ns)))
+        return listing
+
+    def _list_group(self, group: NodeView) -> list[tuple[str, Node, Attr]]:
+        listing = self._documents(group)
+        for entry in self.storage.list(group.key):
+            if entry.name != METADATA and entry.name not in group.docs:
+                listing.append(self._source_entry(group.key, entry.name, entry.stat))
+        return listing
 
     def _list_array(self, array: ArrayView) -> list[tuple[str, Node, Attr]]:
-        layout = array.layout
-        keys = layout.keys
-        meta = Node(join(array.key, METADATA), Role.METADATA, array)
-        listing = [
-            (METADATA, meta, Attr(False, len(layout.view_metadata), array.metadata.mtime_ns))
-        ]
+        layout, names = array.layout, array.names
+        listing = self._documents(array)
         entries = self.storage.list(array.key)
         for entry in entries:
-            if entry.name == METADATA:
-                continue
-            if not keys.owns(entry.name, layout.ndim):
-                path = join(array.key, entry.name)
-                role = Role.DIR if entry.stat.is_dir else Role.FILE
-                listing.append((entry.name, Node(path, role), self._attr_of(entry.stat)))
-            elif keys.nested and keys.name == "default" and entry.stat.is_dir:
-                node = Node(join(array.key, "c"), Role.CHUNK_DIR, array, ())
-                listing.append(("c", node, self._attr_of(entry.stat)))
-        if keys.nested and keys.name == "v2":
-            listing += self._chunk_dir_entries(array, (), array.key, entries)
-        elif not keys.nested:
+            if (
+                entry.name == METADATA
+                or entry.name in array.docs
+                or layout.keys.owns(entry.name, layout.ndim)
+                or names.owns(entry.name, layout.ndim)
+            ):
+                continue  # replaced by the view's documents and chunks
+            path = join(array.key, entry.name)
+            role = Role.DIR if entry.stat.is_dir else Role.FILE
+            listing.append((entry.name, Node(path, role), self._attr_of(entry.stat)))
+        if not names.nested:
             shards = []
             for entry in entries:
-                shard = keys.decode(entry.name, layout.ndim)
+                shard = layout.keys.decode(entry.name, layout.ndim)
                 if shard is not None and not entry.stat.is_dir:
                     shards.append(shard)
-            listing += self._chunks_of_shards(array, array.key, shards, ())
-        return listing
+            return listing + self._chunks_of_shards(array, array.key, shards, ())
+        top = self._shard_dir(array, ())
+        if names.name == "default":  # every chunk lies below "c"
+            stat = self.storage.stat(top)
+            if stat is not None and stat.is_dir:
+                node = Node(join(array.key, "c"), Role.CHUNK_DIR, array, ())
+                listing.append(("c", node, self._attr_of(stat)))
+            return listing
+        source = entries if top == array.key else self._list_if_dir(top)
+        return listing + self._chunk_dir_entries(array, (), array.key, source)
+
+    def _list_if_dir(self, key: str) -> list[Entry]:
+        try:
+            return self.storage.list(key)
+        except (NotFound, NotADirectory):
+            return []
 
     @staticmethod
     def _attr_of(stat: Stat) -> Attr:
@@ -479,12 +667,10 @@ class Namespace:
     def _list_chunk_dir(
         self, array: ArrayView, prefix: tuple[int, ...]
     ) -> list[tuple[str, Node, Attr]]:
-        layout = array.layout
-        cps = layout.chunks_per_shard
-        shard_prefix = tuple(i // n for i, n in zip(prefix, cps, strict=False))
-        real = join(array.key, layout.keys.dir_path(shard_prefix))
-        path = join(array.key, layout.keys.dir_path(prefix))
-        return self._chunk_dir_entries(array, prefix, path, self.storage.list(real))
+        path = join(array.key, array.names.dir_path(prefix))
+        return self._chunk_dir_entries(
+            array, prefix, path, self.storage.list(self._shard_dir(array, prefix))
+        )
 
     def _chunk_dir_entries(
         self, array: ArrayView, prefix: tuple[int, ...], path: str, entries: list[Entry]
@@ -521,7 +707,7 @@ class Namespace:
         """The chunk files of `shards` whose coordinates start with `prefix`.
 
         `path` is the view directory the files are listed in; names are the
-        last component of each chunk's key.
+        last component of each chunk's view key.
         """
         layout = array.layout
         cps = layout.chunks_per_shard
@@ -542,9 +728,9 @@ class Namespace:
             keep = (coords < grid).all(axis=1)
             mtime = table.stat.mtime_ns
             for chunk, size in zip(coords[keep].tolist(), nbytes[keep].tolist(), strict=True):
-                name = layout.keys.encode(chunk).rpartition("/")[2]
+                name = array.names.encode(chunk).rpartition("/")[2]
                 node = Node(join(path, name), Role.CHUNK, array, tuple(chunk))
-                listing.append((name, node, Attr(False, size, mtime)))
+                listing.append((name, node, Attr(False, array.served_size(size), mtime)))
         return listing
 
     # -- data -------------------------------------------------------------------
@@ -557,10 +743,15 @@ class Namespace:
             if stat is None or stat.is_dir:
                 raise NotFound(node.path)
             return Reader(self, node, node.path, stat, 0, stat.size)
-        array = self._fresh(node.array)
-        node = Node(node.path, node.role, array, node.coords)
+        meta = self._fresh(node.meta)
+        node = Node(node.path, node.role, meta, node.coords)
         if node.role is Role.METADATA:
-            data = array.layout.view_metadata
-            return Reader(self, node, node.path, array.metadata, 0, len(data), data)
-        key, table, offset, nbytes = self.locate(array, node.coords)
-        return Reader(self, node, key, table.stat, offset, nbytes)
+            data, _ = self._document(meta, node.name)
+            return Reader(self, node, node.path, meta.metadata, 0, len(data), data=data)
+        assert isinstance(meta, ArrayView)
+        key, table, offset, nbytes = self.locate(meta, node.coords)
+        v2 = meta.v2
+        if v2 is None or v2.transform is Transform.RAW:
+            return Reader(self, node, key, table.stat, offset, nbytes)
+        size = meta.served_size(nbytes)
+        return Reader(self, node, key, table.stat, offset, nbytes, size=size, serve=v2.serve)

@@ -1,0 +1,198 @@
+"""The zarr v2 form of Zarr v3 nodes, for readers that only know v2.
+
+Pure: it turns parsed v3 metadata (for a sharded array, the metadata of its
+unsharded view) into `.zarray`, `.zgroup` and `.zattrs` documents, and says
+how each stored chunk becomes a v2 chunk:
+
+- `RAW`: the stored bytes are a valid v2 chunk as they are;
+- `STRIP_CRC32C`: the chain ends in crc32c, which no v2 reader knows; it is
+  verified and cut off;
+- `DECODE`: the chain has no v2 equivalent (an axis order other than C or F,
+  two compressors, a checksum in the middle); the chunk is decoded and served
+  uncompressed, so its size is known without reading it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from shardfs.errors import InvalidMetadata
+from shardfs.formats.codecs import (
+    ChunkDecoder,
+    byte_decoder,
+    compose_transposes,
+    numpy_dtype,
+    v2_compressor,
+)
+from shardfs.formats.keys import ChunkKeyEncoding
+from shardfs.formats.shard_index import normalize_codec
+from shardfs.formats.zarr_v3 import transpose_order
+
+ZARRAY, ZGROUP, ZATTRS, ZMETADATA = ".zarray", ".zgroup", ".zattrs", ".zmetadata"
+
+
+class Untranslatable(Exception):
+    """The node has no zarr v2 form; the view shows it unchanged."""
+
+
+class Transform(Enum):
+    RAW = "raw"
+    STRIP_CRC32C = "strip crc32c"
+    DECODE = "decode"
+
+
+def render(doc: dict[str, Any]) -> bytes:
+    """JSON as zarr-python 2 writes it: sorted keys, 4-space indent, ASCII."""
+    return (json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class V2Array:
+    """A v3 array as zarr v2: its documents and how its chunks are served."""
+
+    zarray: dict[str, Any]
+    zattrs: dict[str, Any]
+    keys: ChunkKeyEncoding
+    transform: Transform
+    decoder: ChunkDecoder | None = None  #: set for DECODE
+
+    def served_size(self, stored: int) -> int:
+        """The size of a v2 chunk whose stored form has `stored` bytes (may be < 0 if corrupt)."""
+        if self.transform is Transform.RAW:
+            return stored
+        if self.transform is Transform.STRIP_CRC32C:
+            return stored - 4
+        assert self.decoder is not None
+        return self.decoder.nbytes
+
+    def serve(self, stored: bytes) -> bytes:
+        """The v2 chunk for a stored chunk; CorruptData if it fails verification."""
+        if self.transform is Transform.RAW:
+            return stored
+        if self.transform is Transform.STRIP_CRC32C:
+            return byte_decoder("crc32c")(stored)
+        assert self.decoder is not None
+        return self.decoder(stored)
+
+
+def _float(value: Any, dtype: np.dtype) -> float | str:
+    """A v3 float fill value (number, "NaN", "Infinity", "-Infinity" or hex bits) for v2."""
+    if isinstance(value, str) and value.startswith("0x"):
+        bits = int(value, 16)
+        fmt = {2: "<e", 4: "<f", 8: "<d"}[dtype.itemsize]
+        value = struct.unpack(fmt, bits.to_bytes(dtype.itemsize, "little"))[0]
+    if value in ("NaN", "Infinity", "-Infinity"):
+        return value
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise Untranslatable(f"float fill value {value!r} is not understood")
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float(value)
+
+
+def fill_value(value: Any, dtype: np.dtype) -> Any:
+    """The v2 JSON form of a v3 fill value."""
+    if dtype.kind == "b":
+        if not isinstance(value, bool):
+            raise Untranslatable(f"bool fill value {value!r} is not true or false")
+        return value
+    if dtype.kind in "iu":
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise Untranslatable(f"integer fill value {value!r} is not an integer")
+        return value
+    if dtype.kind == "f":
+        return _float(value, dtype)
+    part = np.dtype(f"<f{dtype.itemsize // 2}")
+    if not isinstance(value, list) or len(value) != 2:
+        raise Untranslatable(f"complex fill value {value!r} is not [real, imag]")
+    return [_float(value[0], part), _float(value[1], part)]
+
+
+def zattrs(meta: dict[str, Any]) -> dict[str, Any]:
+    """`.zattrs`: the attributes, plus `_ARRAY_DIMENSIONS` (what xarray reads) for named axes."""
+    attrs = dict(meta.get("attributes") or {})
+    names = meta.get("dimension_names")
+    if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+        attrs.setdefault("_ARRAY_DIMENSIONS", names)
+    return attrs
+
+
+def v2_array(meta: dict[str, Any]) -> V2Array:
+    """The v2 form of an unsharded v3 array (or of a sharded array's view metadata).
+
+    Raises Untranslatable (with the reason) if no v2 reader could read it.
+    """
+    if meta.get("storage_transformers"):
+        raise Untranslatable("storage transformers have no zarr v2 form")
+    grid = meta.get("chunk_grid")
+    if not isinstance(grid, dict) or grid.get("name") != "regular":
+        raise Untranslatable(f"chunk grid {grid!r} is not 'regular'")
+    shape = list(meta.get("shape") or [])
+    chunks = list((grid.get("configuration") or {}).get("chunk_shape") or [])
+    if len(chunks) != len(shape):
+        raise InvalidMetadata("chunk_shape and shape differ in rank")
+    keys = ChunkKeyEncoding.from_metadata(meta.get("chunk_key_encoding"))
+    codecs = meta.get("codecs")
+    if not isinstance(codecs, list):
+        raise InvalidMetadata("array metadata has no codecs list")
+
+    orders, position = [], 0
+    while position < len(codecs) and normalize_codec(codecs[position])[0] == "transpose":
+        orders.append(transpose_order(normalize_codec(codecs[position])[1], len(shape)))
+        position += 1
+    if position == len(codecs):
+        raise InvalidMetadata("codec chain has no array-to-bytes codec")
+    name, config = normalize_codec(codecs[position])
+    if name != "bytes":
+        raise Untranslatable(f"array codec {name!r} has no zarr v2 form")
+    try:
+        dtype = numpy_dtype(meta.get("data_type"), config.get("endian"))
+    except InvalidMetadata as e:
+        raise Untranslatable(str(e)) from None
+    byte_codecs = codecs[position + 1 :]
+    perm = compose_transposes(orders, len(shape))
+
+    transform, compressor = Transform.RAW, None
+    direct = byte_codecs
+    if direct and normalize_codec(direct[-1])[0] == "crc32c":
+        transform, direct = Transform.STRIP_CRC32C, direct[:-1]
+    if len(direct) == 1:
+        compressor = v2_compressor(*normalize_codec(direct[0]))
+    order = "C" if perm == tuple(range(len(shape))) else None
+    if len(shape) > 1 and perm == tuple(reversed(range(len(shape)))):
+        order = "F"
+    decoder = None
+    if order is None or len(direct) > 1 or (direct and compressor is None):
+        try:
+            decoders = tuple(byte_decoder(c) for c in reversed(byte_codecs))
+        except InvalidMetadata as e:
+            raise Untranslatable(f"no zarr v2 form and {e}") from None
+        transform, compressor, order = Transform.DECODE, None, "C"
+        decoder = ChunkDecoder(dtype, tuple(chunks), perm, decoders)
+
+    zarray = {
+        "zarr_format": 2,
+        "shape": shape,
+        "chunks": chunks,
+        "dtype": dtype.str,
+        "compressor": compressor,
+        "fill_value": fill_value(meta.get("fill_value"), dtype),
+        "order": order,
+        "filters": None,
+        "dimension_separator": keys.separator,
+    }
+    return V2Array(zarray, zattrs(meta), ChunkKeyEncoding("v2", keys.separator), transform, decoder)
+
+
+def consolidated(documents: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The `.zmetadata` document of a group, from its subtree's documents by relative key."""
+    return {"metadata": dict(sorted(documents.items())), "zarr_consolidated_format": 1}
