@@ -182,6 +182,15 @@ class Attr:
     mtime_ns: int
 
 
+def logged_corruption(message: str) -> CorruptData:
+    """A CorruptData whose one log line is written now, so the boundary that maps it to
+    EIO, and later requests that meet it again, do not log it again."""
+    log.error("%s", message)
+    error = CorruptData(message)
+    error.logged = True
+    return error
+
+
 def join(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
 
@@ -221,9 +230,12 @@ class Reader:
         self.size = stored if size is None else size
         self._data = data
         self._serve = serve
+        self._failed: CorruptData | None = None
         self._whole = serve is not None or (node.role is Role.CHUNK and stored <= WHOLE_CHUNK_LIMIT)
 
     def read(self, offset: int, size: int) -> bytes:
+        if self._failed is not None:
+            raise self._failed
         if offset >= self.size or size <= 0:
             return b""
         size = min(size, self.size - offset)
@@ -231,7 +243,13 @@ class Reader:
         if data is None and self._whole:
             data = self._fetch(0, self._stored)
             if self._serve is not None:
-                data = self._serve(data)
+                try:
+                    data = self._serve(data)
+                except CorruptData as e:
+                    self._failed = logged_corruption(
+                        f"{self.node.path} (stored in {self._ns.storage.describe(self._key)}): {e}"
+                    )
+                    raise self._failed from None
             self._data = data
         if data is not None:
             if self._whole and offset + size >= self.size:
@@ -457,11 +475,9 @@ class Namespace:
         try:
             self._fill(array, key, stat, 0, 0, stat.size, np.arange(count), entries)
         except CorruptData as e:
-            name = self.storage.describe(key)
-            log.error("%s: corrupt shard, its chunks give EIO: %s", name, e)
-            error = CorruptData(f"{name}: {e}")
-            error.logged = True
-            raise error from None
+            raise logged_corruption(
+                f"{self.storage.describe(key)}: corrupt shard, its chunks give EIO: {e}"
+            ) from None
         return ShardTable(stat, entries.reshape((*cps, 2)))
 
     def _fill(
