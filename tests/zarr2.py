@@ -59,7 +59,15 @@ def ensure_zarr2() -> Zarr2:
         shutil.rmtree(VENV, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *REQUIREMENTS],
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                *REQUIREMENTS,
+            ],
             check=True,
         )
         marker.write_text(wanted)
