@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from shardfs import __version__
 from shardfs.cli.options import MountOptions, parse_options
 from shardfs.errors import InvalidMetadata, ShardfsError, UsageError
-from shardfs.formats.zarr_v3 import parse_node
 from shardfs.fuse.mounts import mount_type, unmount
-from shardfs.storage import LocalStorage, Storage
+from shardfs.storage import LocalStorage
+from shardfs.view.hierarchy import Hierarchy, open_hierarchy
 
 log = logging.getLogger("shardfs")
 
@@ -71,8 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- checks shared by the parent and the daemon ------------------------------------------
 
 
-def open_source(source: str) -> Storage:
-    """The storage of SOURCE, checked to hold a Zarr v3 hierarchy at its root."""
+def open_source(source: str) -> Hierarchy:
+    """The hierarchy at SOURCE, checked to be Zarr v3 (final or draft) at its root."""
     if not os.path.exists(source):
         raise UsageError(f"source {source} does not exist")
     if not os.path.isdir(source):
@@ -85,10 +85,9 @@ def open_source(source: str) -> Storage:
         )
         raise UsageError(f"source {source} is not a Zarr v3 hierarchy: no zarr.json{hint}")
     try:
-        parse_node(storage.read("zarr.json", 0, stat.size))
+        return open_hierarchy(storage)
     except InvalidMetadata as e:
         raise UsageError(f"source {source}: {e}") from None
-    return storage
 
 
 def check_mountpoint(mountpoint: str, source: str) -> None:
@@ -170,8 +169,12 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
             ready.close()
 
     try:
+        hierarchy = open_source(args.source)
         namespace = Namespace(
-            open_source(args.source), index_cache=options.index_cache, view=View(options.view)
+            hierarchy.storage,
+            index_cache=options.index_cache,
+            view=View(options.view),
+            hierarchy=hierarchy,
         )
         serve(
             namespace,

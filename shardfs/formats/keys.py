@@ -102,6 +102,10 @@ class ChunkKeyEncoding:
             parts.insert(0, "c")
         return "/".join(parts)
 
+    def component(self, name: str, depth: int) -> int | None:
+        """The grid index named by one directory component `depth` levels below `dir_path(())`."""
+        return parse_index(name)
+
     def owns(self, name: str, ndim: int) -> bool:
         """Whether a top-level entry of the array directory belongs to the key space.
 

@@ -142,6 +142,12 @@ class DraftChunkKeys:
         """
         return "c" + "/".join(str(i) for i in prefix) if prefix else ""
 
+    def component(self, name: str, depth: int) -> int | None:
+        """The grid index named by one directory component `depth` levels below the prefix."""
+        if depth == 0:
+            return parse_index(name[1:]) if name.startswith("c") else None
+        return parse_index(name)
+
 
 def translate_group(doc: Any) -> dict[str, Any]:
     """The final v3 group metadata of a draft `.group.json` document."""

@@ -136,6 +136,11 @@ def _int_shape(value: Any, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def render(meta: dict[str, Any]) -> bytes:
+    """A `zarr.json` document the view writes (indented, UTF-8)."""
+    return (json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode()
+
+
 def is_array(meta: dict[str, Any]) -> bool:
     return meta.get("node_type") == "array"
 
@@ -273,7 +278,7 @@ def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
         chunk_shape=tuple(chunk_shape),
         levels=tuple(levels),
         keys=keys,
-        view_metadata=(json.dumps(view, indent=2, ensure_ascii=False) + "\n").encode(),
+        view_metadata=render(view),
     )
 
 

@@ -24,7 +24,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum, auto
 
 import numpy as np
@@ -38,7 +38,7 @@ from shardfs.errors import (
     SourceChanged,
     StorageError,
 )
-from shardfs.formats.keys import ChunkKeyEncoding, parse_index
+from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.shard_index import EMPTY, check_entries
 from shardfs.formats.zarr_v2 import (
     ZARRAY,
@@ -57,16 +57,15 @@ from shardfs.formats.zarr_v3 import (
     ShardedLayout,
     Unshardable,
     level_slots,
-    parse_node,
     plain_layout,
     sharded_layout,
 )
+from shardfs.formats.zarr_v3 import render as render_v3
 from shardfs.storage.base import Entry, Stat, Storage
 from shardfs.view.cache import LruCache
+from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, ZarrV3, join
 
 log = logging.getLogger("shardfs")
-
-METADATA = "zarr.json"
 
 
 class View(Enum):
@@ -88,12 +87,13 @@ class Role(Enum):
 class ArrayView:
     """An array whose chunks the view serves: a sharded one, or any array in the v2 view.
 
-    `layout.keys` names the shards (or plain chunk objects) in the source;
-    `names` names the view's chunk files. `docs` are the metadata files shown
-    in the array directory instead of the source's `zarr.json`.
+    `layout.keys` names the shards (or plain chunk objects) in the source
+    directory `data`; `names` names the view's chunk files. `docs` are the
+    metadata files shown in the array directory instead of the source's.
     """
 
     key: str
+    data: str
     layout: ShardedLayout
     metadata: Stat
     names: ChunkKeyEncoding
@@ -160,6 +160,8 @@ class Node:
     role: Role
     meta: NodeView | None = None
     coords: tuple[int, ...] = ()
+    #: the source key of a FILE node shown at another path (a draft document)
+    source: str | None = None
 
     @property
     def is_dir(self) -> bool:
@@ -189,10 +191,6 @@ def logged_corruption(message: str) -> CorruptData:
     error = CorruptData(message)
     error.logged = True
     return error
-
-
-def join(parent: str, name: str) -> str:
-    return f"{parent}/{name}" if parent else name
 
 
 #: Chunks up to this size are read whole on the first read of an open file, so
@@ -294,9 +292,11 @@ class Namespace:
         index_cache: int = 64 << 20,
         metadata_cache: int = 16 << 20,
         view: View = View.V3,
+        hierarchy: Hierarchy | None = None,
     ) -> None:
         self.storage = storage
         self.view = view
+        self.tree = hierarchy or ZarrV3(storage)
         self.indexes: LruCache[ShardTable] = LruCache(
             index_cache, lambda t: t.cost, cache_errors=(CorruptData,)
         )
@@ -330,10 +330,12 @@ class Namespace:
         meta = self._fresh(parent.meta)
         if parent.role is Role.GROUP:
             assert isinstance(meta, GroupView)
-            if name in meta.docs or name == ZMETADATA:
+            if name in meta.docs or (name == ZMETADATA and self.view is View.V2):
                 return Node(path, Role.METADATA, meta)
             if name == METADATA:
-                raise NotFound(path)  # replaced by the v2 documents
+                raise NotFound(path)  # replaced by the view's documents
+            if not self.tree.passthrough:
+                return self._child_node(meta, name)
             return self._source_node(path)
         assert isinstance(meta, ArrayView)
         layout, names = meta.layout, meta.names
@@ -343,7 +345,7 @@ class Namespace:
             if name == METADATA:
                 raise NotFound(path)
             if not names.owns(name, layout.ndim):
-                if layout.keys.owns(name, layout.ndim):
+                if not self.tree.passthrough or layout.keys.owns(name, layout.ndim):
                     raise NotFound(path)  # a shard: replaced by the view's chunks
                 return self._source_node(path, inside_array=True)
             parts = [name]
@@ -373,6 +375,41 @@ class Namespace:
             return Node(path, Role.FILE)
         return Node(path, Role.DIR) if inside_array else self._dir_node(path)
 
+    def _child_node(self, group: NodeView, name: str) -> Node:
+        """A child of a group of a translated hierarchy: a node, or the stored document
+        of a child that has no translation (shown unchanged, under its own name)."""
+        path = join(group.key, name)
+        for suffix in (".array.json", ".group.json"):
+            child = join(group.key, name.removesuffix(suffix))
+            if child != path:
+                doc = self.tree.find(child)
+                key = doc.key if doc is not None else None
+                if key is not None and key.endswith("/" + name) and self._meta_at(child) is None:
+                    return Node(path, Role.FILE, source=key)
+                raise NotFound(path)
+        node = self._dir_node(path)
+        if node.meta is None:
+            raise NotFound(path)
+        return node
+
+    def _children(self, group: NodeView) -> list[tuple[str, Node, Attr]]:
+        """The entries below a group of a translated hierarchy (see `_child_node`)."""
+        listing = []
+        for name in self.tree.children(group.key):
+            path = join(group.key, name)
+            doc = self.tree.find(path)
+            if doc is None:
+                continue
+            meta = self._meta_at(path)
+            if meta is not None:
+                node = self._dir_node(path)
+                listing.append((name, node, Attr(True, 0, meta.metadata.mtime_ns)))
+            elif doc.key is not None:
+                shown = doc.key.rpartition("/")[2]
+                node = Node(join(group.key, shown), Role.FILE, source=doc.key)
+                listing.append((shown, node, self._attr_of(doc.stat)))
+        return listing
+
     def _dir_node(self, key: str) -> Node:
         meta = self._meta_at(key)
         if isinstance(meta, ArrayView):
@@ -382,49 +419,53 @@ class Namespace:
         return Node(key, Role.DIR)
 
     def _meta_at(self, key: str) -> NodeView | None:
-        """The array or group at directory `key` whose view differs from the source."""
-        meta_key = join(key, METADATA)
-        stat = self.storage.stat(meta_key)
-        if stat is None or stat.is_dir:
+        """The array or group at view directory `key` whose view differs from the source."""
+        doc = self.tree.find(key)
+        if doc is None:
             return None
-        return self.nodes.get((meta_key, stat.version), lambda: self._load_meta(key, stat))
+        return self.nodes.get((key, doc.version), lambda: self._load_meta(key, doc))
 
-    def _load_meta(self, key: str, stat: Stat) -> NodeView | None:
-        meta_key = join(key, METADATA)
-        raw = self.storage.read(meta_key, 0, stat.size, stat.version)
+    def _load_meta(self, key: str, doc: NodeDoc) -> NodeView | None:
+        name = self.storage.describe(doc.key if doc.key is not None else key)
         try:
-            meta = parse_node(raw)
+            raw = None
+            if doc.key is not None:
+                raw = self.storage.read(doc.key, 0, doc.stat.size, doc.stat.version)
+            meta = self.tree.parse(raw)
             if meta["node_type"] == "group":
-                return self._load_group(key, stat, meta)
-            layout = sharded_layout(meta)
-            if self.view is View.V3:
-                if layout is None:
-                    return None
-                return ArrayView(
-                    key,
-                    layout,
-                    stat,
-                    layout.keys,
-                    {METADATA: layout.view_metadata},
-                    None,
-                    level_slots(layout),
-                )
-            view_meta = json.loads(layout.view_metadata) if layout is not None else meta
-            v2 = v2_array(view_meta)
-            if layout is None:
-                layout = plain_layout(meta, raw)
+                return self._group_view(key, doc.stat, meta)
+            return self._array_view(key, doc.stat, meta, raw)
         except (InvalidMetadata, Unshardable, Untranslatable) as e:
-            log.warning("%s: shown unchanged: %s", self.storage.describe(meta_key), e)
+            log.warning("%s: shown unchanged: %s", name, e)
             return None
-        docs = {ZARRAY: render(v2.zarray), ZATTRS: render(v2.zattrs)}
-        return ArrayView(key, layout, stat, v2.keys, docs, v2, level_slots(layout))
 
-    def _load_group(self, key: str, stat: Stat, meta: dict) -> GroupView | None:
-        if self.view is View.V3:
+    def _group_view(self, key: str, stat: Stat, meta: dict) -> GroupView | None:
+        if self.view is View.V2:
+            docs = {ZGROUP: render({"zarr_format": 2}), ZATTRS: render(zattrs(meta))}
+        elif self.tree.translates:
+            docs = {METADATA: render_v3(meta)}
+        else:
             return None
-        return GroupView(
-            key, stat, {ZGROUP: render({"zarr_format": 2}), ZATTRS: render(zattrs(meta))}
-        )
+        return GroupView(key, stat, docs)
+
+    def _array_view(self, key: str, stat: Stat, meta: dict, raw: bytes | None) -> ArrayView | None:
+        layout = sharded_layout(meta)
+        if layout is None and self.view is View.V3 and not self.tree.translates:
+            return None  # a plain v3 array: it passes through
+        v2 = None
+        if self.view is View.V2:
+            v2 = v2_array(json.loads(layout.view_metadata) if layout is not None else meta)
+        if layout is None:
+            shown = raw if raw is not None and not self.tree.translates else render_v3(meta)
+            layout = plain_layout(meta, shown)
+        names = layout.keys if v2 is None else v2.keys
+        if v2 is None:
+            docs = {METADATA: layout.view_metadata}
+        else:
+            docs = {ZARRAY: render(v2.zarray), ZATTRS: render(v2.zattrs)}
+        stored = replace(layout, keys=self.tree.chunk_keys(layout.keys))
+        data = self.tree.data_dir(key)
+        return ArrayView(key, data, stored, stat, names, docs, v2, level_slots(stored))
 
     def _fresh(self, meta: NodeView | None) -> NodeView:
         """`meta` as it is now: the metadata may have changed since the node was made."""
@@ -443,7 +484,7 @@ class Namespace:
     # -- shards -------------------------------------------------------------
 
     def shard_key(self, array: ArrayView, shard: tuple[int, ...]) -> str:
-        return join(array.key, array.layout.keys.encode(shard))
+        return join(array.data, array.layout.keys.encode(shard))
 
     def table(self, array: ArrayView, shard: tuple[int, ...]) -> ShardTable | None:
         """The decoded index of a shard, or None if the shard does not exist.
@@ -537,7 +578,7 @@ class Namespace:
         layout = array.layout
         cps = layout.chunks_per_shard
         shard_prefix = tuple(i // n for i, n in zip(prefix, cps, strict=False))
-        return join(array.key, layout.keys.dir_path(shard_prefix))
+        return join(array.data, layout.keys.dir_path(shard_prefix))
 
     def _chunk_dir_exists(self, array: ArrayView, prefix: tuple[int, ...]) -> bool:
         if any(not 0 <= i < g for i, g in zip(prefix, array.layout.grid, strict=False)):
@@ -553,6 +594,8 @@ class Namespace:
     # -- attributes and listings ----------------------------------------------
 
     def attr(self, node: Node) -> Attr:
+        if node.role in (Role.GROUP, Role.ARRAY) and not self.tree.passthrough:
+            return Attr(True, 0, self._fresh(node.meta).metadata.mtime_ns)
         if node.is_dir or node.role is Role.FILE:
             stat = self.storage.stat(self._backing_key(node))
             if stat is None or stat.is_dir != node.is_dir:
@@ -568,6 +611,8 @@ class Namespace:
 
     def _backing_key(self, node: Node) -> str:
         """The source key whose stat stands for a directory or passthrough node."""
+        if node.source is not None:
+            return node.source
         if node.role is not Role.CHUNK_DIR:
             return node.path
         return self._shard_dir(node.array, node.coords)
@@ -594,10 +639,10 @@ class Namespace:
             for name, data in meta.docs.items():
                 documents[prefix + name] = json.loads(data)
             if isinstance(meta, GroupView):
-                for entry in self.storage.list(meta.key):
-                    child = self._meta_at(join(meta.key, entry.name)) if entry.stat.is_dir else None
+                for name in self.tree.children(meta.key):
+                    child = self._meta_at(join(meta.key, name))
                     if child is not None:
-                        pending.append((f"{prefix}{entry.name}/", child))
+                        pending.append((f"{prefix}{name}/", child))
         return render(consolidated(documents)), mtime_ns
 
     def listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
@@ -623,7 +668,9 @@ class Namespace:
         return name, node, self._attr_of(stat)
 
     def _documents(self, meta: NodeView) -> list[tuple[str, Node, Attr]]:
-        names = [*meta.docs, ZMETADATA] if isinstance(meta, GroupView) else list(meta.docs)
+        names = list(meta.docs)
+        if isinstance(meta, GroupView) and self.view is View.V2:
+            names.append(ZMETADATA)
         listing = []
         for name in names:
             data, mtime_ns = self._document(meta, name)
@@ -633,6 +680,8 @@ class Namespace:
 
     def _list_group(self, group: NodeView) -> list[tuple[str, Node, Attr]]:
         listing = self._documents(group)
+        if not self.tree.passthrough:
+            return listing + self._children(group)
         for entry in self.storage.list(group.key):
             if entry.name != METADATA and entry.name not in group.docs:
                 listing.append(self._source_entry(group.key, entry.name, entry.stat))
@@ -641,8 +690,8 @@ class Namespace:
     def _list_array(self, array: ArrayView) -> list[tuple[str, Node, Attr]]:
         layout, names = array.layout, array.names
         listing = self._documents(array)
-        entries = self.storage.list(array.key)
-        for entry in entries:
+        entries = self._list_if_dir(array.data)
+        for entry in entries if self.tree.passthrough else ():
             if (
                 entry.name == METADATA
                 or entry.name in array.docs
@@ -667,7 +716,7 @@ class Namespace:
                 node = Node(join(array.key, "c"), Role.CHUNK_DIR, array, ())
                 listing.append(("c", node, self._attr_of(stat)))
             return listing
-        source = entries if top == array.key else self._list_if_dir(top)
+        source = entries if top == array.data else self._list_if_dir(top)
         return listing + self._chunk_dir_entries(array, (), array.key, source)
 
     def _list_if_dir(self, key: str) -> list[Entry]:
@@ -700,7 +749,7 @@ class Namespace:
         listing: list[tuple[str, Node, Attr]] = []
         shards = []
         for entry in entries:
-            index = parse_index(entry.name)
+            index = layout.keys.component(entry.name, depth)
             if index is None or entry.stat.is_dir == leaf:
                 continue
             shard_prefix = (*(i // n for i, n in zip(prefix, cps, strict=False)), index)
@@ -755,10 +804,11 @@ class Namespace:
         if node.is_dir:
             raise IsADirectory(node.path)
         if node.role is Role.FILE:
-            stat = self.storage.stat(node.path)
+            key = self._backing_key(node)
+            stat = self.storage.stat(key)
             if stat is None or stat.is_dir:
                 raise NotFound(node.path)
-            return Reader(self, node, node.path, stat, 0, stat.size)
+            return Reader(self, node, key, stat, 0, stat.size)
         meta = self._fresh(node.meta)
         node = Node(node.path, node.role, meta, node.coords)
         if node.role is Role.METADATA:
