@@ -16,7 +16,8 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from shardfs.errors import CorruptData, IsADirectory, NotADirectory, NotFound
 from shardfs.storage import LocalStorage
-from shardfs.view import Namespace, Node, Role
+from shardfs.view import Namespace, Node, Role, View
+from tests.zarr2 import Zarr2
 
 
 def materialize(ns: Namespace, node: Node, target: Path) -> None:
@@ -232,3 +233,32 @@ def test_whole_shard_compression_is_shown_unchanged(
     meta = ns.resolve("zarr.json")
     assert ns.open(meta).read(0, 1 << 20) == (root / "zarr.json").read_bytes()
     assert ns.resolve("c/0").role is Role.FILE  # the real shard passes through
+
+
+def test_v2_view_materializes_to_a_plain_zarr_v2_copy(
+    source: tuple[Path, dict[str, np.ndarray]], tmp_path: Path, zarr2: Zarr2
+) -> None:
+    """The v2 view through the library API alone, copied out and read by zarr-python 2."""
+    root, values = source
+    ns = Namespace(LocalStorage(root), view=View.V2)
+    target = tmp_path / "copy"
+    target.mkdir()
+    materialize(ns, ns.root(), target)
+    assert not list(target.rglob("zarr.json"))
+    assert (target / "nested" / "sharded" / "README.txt").read_text() == "not a chunk"
+    assert (target / "flat" / "0.0.0").is_file() and (target / "plain" / "0").is_file()
+    out = tmp_path / "out"
+    out.mkdir()
+    zarr2.run(
+        """
+import numpy as np, zarr
+root = zarr.open_consolidated(params["path"], mode="r")
+for name in params["names"]:
+    np.save(f"{params['out']}/{name.replace('/', '__')}.npy", root[name][...])
+""",
+        path=str(target),
+        out=str(out),
+        names=list(values),
+    )
+    for name, expected in values.items():
+        np.testing.assert_array_equal(np.load(out / f"{name.replace('/', '__')}.npy"), expected)

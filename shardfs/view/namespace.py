@@ -397,21 +397,23 @@ class Namespace:
         listing = []
         for name in self.tree.children(group.key):
             path = join(group.key, name)
-            doc = self.tree.find(path)
-            if doc is None:
-                continue
             meta = self._meta_at(path)
             if meta is not None:
-                node = self._dir_node(path)
+                node = self._node_of(path, meta)
                 listing.append((name, node, Attr(True, 0, meta.metadata.mtime_ns)))
-            elif doc.key is not None:
+                continue
+            doc = self.tree.find(path)
+            if doc is not None and doc.key is not None:
                 shown = doc.key.rpartition("/")[2]
                 node = Node(join(group.key, shown), Role.FILE, source=doc.key)
                 listing.append((shown, node, self._attr_of(doc.stat)))
         return listing
 
     def _dir_node(self, key: str) -> Node:
-        meta = self._meta_at(key)
+        return self._node_of(key, self._meta_at(key))
+
+    @staticmethod
+    def _node_of(key: str, meta: NodeView | None) -> Node:
         if isinstance(meta, ArrayView):
             return Node(key, Role.ARRAY, meta)
         if isinstance(meta, GroupView):
