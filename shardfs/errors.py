@@ -32,6 +32,22 @@ class ReadOnly(ShardfsError):
     """The operation would modify something this view cannot modify."""
 
 
+class AlreadyExists(ShardfsError):
+    """The path to create already exists."""
+
+
+class NotEmpty(ShardfsError):
+    """A directory to remove still has entries."""
+
+
+class CannotMove(ShardfsError):
+    """The rename is not possible within the view (a directory); tools fall back to copying."""
+
+
+class InvalidWrite(ShardfsError):
+    """What was written cannot be stored in the source's format (wrong size, other codecs, ...)."""
+
+
 class CorruptData(ShardfsError):
     """Stored data failed validation; serving it could return wrong bytes."""
 

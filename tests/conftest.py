@@ -28,6 +28,10 @@ class Mounted:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def stop(self) -> None:
+        """Unmount now and wait for the daemon to exit (it commits what it buffers first)."""
+        stop_mount(self)
+
 
 def start_mount(source: Path, mountpoint: Path, log_path: Path, *options: str) -> Mounted:
     """Mount in the foreground as a child of the test and wait until it answers."""

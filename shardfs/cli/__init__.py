@@ -48,7 +48,10 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="OPT[,OPT...]",
-        help="ro, rw, allow_other, debug, index_cache=SIZE, view=v3|v2, log=FILE",
+        help=(
+            "ro, rw, allow_other, debug, index_cache=SIZE, view=v3|v2, log=FILE, "
+            "write_buffer=SIZE, flush_interval=SECONDS, spool=DIR, shard_new=N"
+        ),
     )
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     mount.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
@@ -159,6 +162,7 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
     from shardfs.fuse import MountConfig
     from shardfs.fuse.daemon import serve
     from shardfs.view import Namespace, View
+    from shardfs.writeback import Workspace, WriteBuffer
 
     _setup_logging(options, foreground=args.ready_fd is None)
     ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
@@ -170,18 +174,37 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
 
     try:
         hierarchy = open_source(args.source)
+        storage = hierarchy.storage
+        if not options.read_only and hierarchy.translates:
+            raise UsageError(f"{args.source} is a draft Zarr v3 source: mount it with -o ro")
         namespace = Namespace(
-            hierarchy.storage,
+            storage,
             index_cache=options.index_cache,
             view=View(options.view),
             hierarchy=hierarchy,
+            serve_plain=not options.read_only,
         )
+        view: Namespace | Workspace = namespace
+        if options.read_only:
+            unfinished = storage.pending_recovery()
+            if unfinished:
+                log.warning(
+                    "%d shards have unfinished commits (a writer may be at work, or crashed); "
+                    "a read-write mount or `shardfs fsck` repairs them",
+                    len(unfinished),
+                )
+        else:
+            for line in storage.recover():
+                log.warning("recovery: %s", line)
+            buffer = WriteBuffer(options.write_buffer, options.spool)
+            view = Workspace(namespace, buffer, shard_new=options.shard_new)
         serve(
-            namespace,
+            view,
             args.mountpoint,
             MountConfig(read_only=options.read_only),
             options.fuse_options(_fsname(args.source)),
             on_ready=lambda: report("ready"),
+            flush_interval=options.flush_interval,
         )
     except (ShardfsError, RuntimeError) as e:
         message = f"cannot mount {args.mountpoint}: {e}"
@@ -251,8 +274,27 @@ def _umount(mountpoint: str) -> int:
         raise UsageError(f"{mountpoint} is not mounted")
     if kind != "fuse.shardfs":
         raise UsageError(f"{mountpoint} is not a shardfs mount ({kind})")
+    _sync(mountpoint)
     result = unmount(mountpoint)
     if result.returncode != 0:
         detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
         raise UsageError(f"cannot unmount {mountpoint}: {detail}")
     return 0
+
+
+def _sync(mountpoint: str) -> None:
+    """Ask a read-write mount to commit what it buffers before it is unmounted, so the
+    data is in the source when `umount` returns (fsync of the mount's root directory)."""
+    try:
+        fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return  # the unmount below reports what is wrong
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        print(
+            f"shardfs: warning: {mountpoint}: commit before unmount failed: {e.strerror}",
+            file=sys.stderr,
+        )
+    finally:
+        os.close(fd)

@@ -28,6 +28,10 @@ class MountOptions:
     index_cache: int = 64 << 20
     view: str = "v3"
     log_file: str | None = None
+    write_buffer: int = 256 << 20
+    flush_interval: float = 5.0
+    spool: str | None = None
+    shard_new: int | None = None
     given: list[str] = field(default_factory=list)
 
     def fuse_options(self, fsname: str) -> set[str]:
@@ -42,6 +46,16 @@ class MountOptions:
     def argument(self) -> str:
         """The options again, as one `-o` argument (for the detached daemon)."""
         return ",".join(self.given)
+
+
+def _positive(name: str, value: str, kind: type[int] | type[float]) -> float:
+    try:
+        number = kind(value)
+    except ValueError:
+        number = 0
+    if not number > 0:
+        raise UsageError(f"option {name} needs a positive number, got {value!r}")
+    return number
 
 
 def parse_options(groups: Iterable[str]) -> MountOptions:
@@ -66,6 +80,15 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 if value not in ("v2", "v3"):
                     raise UsageError(f"unknown view {value!r} (use view=v3 or view=v2)")
                 options.view = value
+            elif name == "write_buffer":
+                options.write_buffer = parse_size(value)
+            elif name == "flush_interval":
+                options.flush_interval = _positive(name, value, float)
+            elif name == "shard_new":
+                options.shard_new = int(_positive(name, value, int))
+            elif name == "spool" and value:
+                options.spool = os.path.abspath(value)
+                item = f"spool={options.spool}"
             elif name == "log" and value:
                 # Absolute, because a detached daemon runs in "/".
                 options.log_file = os.path.abspath(value)

@@ -1,8 +1,9 @@
-"""Decoding one Zarr v3 chunk through its codec chain, for views that must re-encode.
+"""Decoding and encoding one Zarr v3 chunk through its codec chain, for views that must convert.
 
 The views serve stored bytes unchanged wherever they can. Only when the
 target format has no way to describe the source's chain (a zarr v2 reader and
-an axis order other than C or F, say) is a chunk decoded here and served raw.
+an axis order other than C or F, say) is a chunk decoded here and served raw,
+and a raw chunk written through such a view encoded again before it is stored.
 The byte codecs come from numcodecs, the library zarr-python itself uses.
 """
 
@@ -53,6 +54,10 @@ def numpy_dtype(data_type: Any, endian: str | None) -> np.dtype:
     return np.dtype(("<" if endian == "little" else ">") + code)
 
 
+def crc32c_encode(data: bytes) -> bytes:
+    return bytes(data) + crc32c.crc32c(data).to_bytes(4, "little")
+
+
 def _crc32c_decode(data: bytes) -> bytes:
     if len(data) < 4:
         raise CorruptData(f"chunk of {len(data)} bytes cannot hold its crc32c")
@@ -88,15 +93,30 @@ def v2_compressor(name: str, config: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _numcodecs_codec(name: str, config: dict[str, Any]) -> numcodecs.abc.Codec:
+    v2 = v2_compressor(name, config)
+    if v2 is None:
+        raise InvalidMetadata(f"cannot decode codec {name!r}")
+    if v2["id"] == "blosc" and isinstance(config.get("typesize"), int):
+        v2["typesize"] = config["typesize"]  # only shapes how blosc shuffles when encoding
+    return numcodecs.get_codec(v2)
+
+
+def byte_encoder(codec: Any) -> Callable[[bytes], bytes]:
+    """The encoding function of one v3 bytes-to-bytes codec; InvalidMetadata if unknown."""
+    name, config = normalize_codec(codec)
+    if name == "crc32c":
+        return crc32c_encode
+    encoder = _numcodecs_codec(name, config)
+    return lambda data: bytes(encoder.encode(data))
+
+
 def byte_decoder(codec: Any) -> Callable[[bytes], bytes]:
     """The decoding function of one v3 bytes-to-bytes codec; InvalidMetadata if unknown."""
     name, config = normalize_codec(codec)
     if name == "crc32c":
         return _crc32c_decode
-    v2 = v2_compressor(name, config)
-    if v2 is None:
-        raise InvalidMetadata(f"cannot decode codec {name!r}")
-    decoder = numcodecs.get_codec(v2)
+    decoder = _numcodecs_codec(name, config)
 
     def decode(data: bytes) -> bytes:
         try:
@@ -133,6 +153,33 @@ class ChunkDecoder:
             )
         values = np.frombuffer(data, dtype=self.dtype).reshape(stored_shape)
         return np.ascontiguousarray(values.transpose(np.argsort(self.perm))).tobytes()
+
+
+@dataclass(frozen=True)
+class ChunkEncoder:
+    """Encodes the values of one chunk (C-order bytes of `dtype`) into its stored form."""
+
+    dtype: np.dtype
+    chunk_shape: tuple[int, ...]
+    #: the permutation of all transposes together (stored axis i = array axis perm[i])
+    perm: tuple[int, ...]
+    byte_encoders: tuple[Callable[[bytes], bytes], ...]  #: in encoding order
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.chunk_shape) * self.dtype.itemsize
+
+    def __call__(self, values: bytes) -> bytes:
+        if len(values) != self.nbytes:
+            raise ValueError(
+                f"an uncompressed chunk of {list(self.chunk_shape)} {self.dtype} has "
+                f"{self.nbytes} bytes, not {len(values)}"
+            )
+        array = np.frombuffer(values, dtype=self.dtype).reshape(self.chunk_shape)
+        data = np.ascontiguousarray(array.transpose(self.perm)).tobytes()
+        for encode in self.byte_encoders:
+            data = encode(data)
+        return data
 
 
 def compose_transposes(orders: Sequence[tuple[int, ...]], ndim: int) -> tuple[int, ...]:

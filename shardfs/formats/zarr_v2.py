@@ -26,8 +26,11 @@ import numpy as np
 from shardfs.errors import InvalidMetadata
 from shardfs.formats.codecs import (
     ChunkDecoder,
+    ChunkEncoder,
     byte_decoder,
+    byte_encoder,
     compose_transposes,
+    crc32c_encode,
     numpy_dtype,
     v2_compressor,
 )
@@ -62,6 +65,7 @@ class V2Array:
     keys: ChunkKeyEncoding
     transform: Transform
     decoder: ChunkDecoder | None = None  #: set for DECODE
+    encoder: ChunkEncoder | None = None  #: set for DECODE
 
     def served_size(self, stored: int) -> int:
         """The size of a v2 chunk whose stored form has `stored` bytes (may be < 0 if corrupt)."""
@@ -80,6 +84,18 @@ class V2Array:
             return byte_decoder("crc32c")(stored)
         assert self.decoder is not None
         return self.decoder(stored)
+
+    def store(self, chunk: bytes) -> bytes:
+        """The stored form of a v2 chunk written through the view (the inverse of `serve`).
+
+        Raises ValueError if a chunk served uncompressed has the wrong size.
+        """
+        if self.transform is Transform.RAW:
+            return chunk
+        if self.transform is Transform.STRIP_CRC32C:
+            return crc32c_encode(chunk)
+        assert self.encoder is not None
+        return self.encoder(chunk)
 
 
 def _float(value: Any, dtype: np.dtype) -> float | str:
@@ -170,14 +186,16 @@ def v2_array(meta: dict[str, Any]) -> V2Array:
     order = "C" if perm == tuple(range(len(shape))) else None
     if len(shape) > 1 and perm == tuple(reversed(range(len(shape)))):
         order = "F"
-    decoder = None
+    decoder = encoder = None
     if order is None or len(direct) > 1 or (direct and compressor is None):
         try:
             decoders = tuple(byte_decoder(c) for c in reversed(byte_codecs))
+            encoders = tuple(byte_encoder(c) for c in byte_codecs)
         except InvalidMetadata as e:
             raise Untranslatable(f"no zarr v2 form and {e}") from None
         transform, compressor, order = Transform.DECODE, None, "C"
         decoder = ChunkDecoder(dtype, tuple(chunks), perm, decoders)
+        encoder = ChunkEncoder(dtype, tuple(chunks), perm, encoders)
 
     zarray = {
         "zarr_format": 2,
@@ -190,7 +208,8 @@ def v2_array(meta: dict[str, Any]) -> V2Array:
         "filters": None,
         "dimension_separator": keys.separator,
     }
-    return V2Array(zarray, zattrs(meta), ChunkKeyEncoding("v2", keys.separator), transform, decoder)
+    v2_keys = ChunkKeyEncoding("v2", keys.separator)
+    return V2Array(zarray, zattrs(meta), v2_keys, transform, decoder, encoder)
 
 
 def consolidated(documents: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -23,16 +23,21 @@ import pyfuse3
 import trio
 
 from shardfs.errors import (
-    CorruptData,
+    AlreadyExists,
+    CannotMove,
+    InvalidWrite,
     IsADirectory,
     NotADirectory,
+    NotEmpty,
     NotFound,
     ReadOnly,
     ShardfsError,
+    StorageError,
 )
 from shardfs.fuse.inodes import InodeTable
 from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.view import Attr, Namespace, Node, Reader
+from shardfs.writeback import Handle, Workspace
 
 log = logging.getLogger("shardfs")
 
@@ -44,6 +49,10 @@ _ERRNO: list[tuple[type[ShardfsError], int]] = [
     (NotADirectory, errno.ENOTDIR),
     (IsADirectory, errno.EISDIR),
     (ReadOnly, errno.EROFS),
+    (AlreadyExists, errno.EEXIST),
+    (NotEmpty, errno.ENOTEMPTY),
+    (CannotMove, errno.EXDEV),
+    (InvalidWrite, errno.EINVAL),
 ]
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
@@ -70,7 +79,7 @@ def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             raise
         except ShardfsError as e:
             code = errno_for(e)
-            if code == errno.EIO and not (isinstance(e, CorruptData) and e.logged):
+            if code in (errno.EIO, errno.EINVAL) and not e.logged:
                 log.error("%s: %s", handler.__name__, e)
             raise pyfuse3.FUSEError(code) from None
         except Exception:
@@ -94,19 +103,25 @@ class MountConfig:
 
 
 class Operations(pyfuse3.Operations):
-    """A read-only FUSE file system over a `Namespace`."""
+    """The FUSE file system over a `Namespace` (read-only) or a `Workspace` (read-write).
+
+    Reads run inline first (see `_run`); changes to the namespace always run
+    in worker threads, because they may wait for storage while holding the
+    workspace's lock.
+    """
 
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, namespace: Namespace, config: MountConfig) -> None:
+    def __init__(self, view: Namespace | Workspace, config: MountConfig) -> None:
         super().__init__()
-        self.ns = namespace
+        self.view = view
+        self.workspace = view if isinstance(view, Workspace) else None
         self.config = config
-        self.inodes = InodeTable(namespace.root())
+        self.inodes = InodeTable(view.root())
         self._limiter = trio.CapacityLimiter(config.workers)
-        self._handles: dict[int, Reader] = {}
+        self._handles: dict[int, Reader | Handle] = {}
         self._listings: dict[int, list[tuple[str, Node, Attr]]] = {}
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -117,13 +132,21 @@ class Operations(pyfuse3.Operations):
             with nonblocking():
                 return fn(*args)
         except WouldBlock:
-            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+            return await self._thread(fn, *args)
+
+    async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     def _node(self, ino: int) -> Node:
         try:
             return self.inodes.node(ino)
         except KeyError:
             raise pyfuse3.FUSEError(errno.ENOENT) from None
+
+    def _writable(self) -> Workspace:
+        if self.workspace is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return self.workspace
 
     def _entry(self, ino: int, attr: Attr) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()
@@ -144,9 +167,15 @@ class Operations(pyfuse3.Operations):
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = attr.mtime_ns
         return entry
 
+    def _reply(self, node: Node, attr: Attr) -> pyfuse3.EntryAttributes:
+        """The entry of a node the kernel now holds one more reference to."""
+        ino = self.inodes.assign(node)
+        self.inodes.ref(ino)
+        return self._entry(ino, attr)
+
     def _lookup_sync(self, parent: Node, name: str) -> tuple[Node, Attr]:
-        node = self.ns.lookup(parent, name)
-        return node, self.ns.attr(node)
+        node = self.view.lookup(parent, name)
+        return node, self.view.attr(node)
 
     # -- namespace ----------------------------------------------------------------
 
@@ -157,19 +186,17 @@ class Operations(pyfuse3.Operations):
         parent = self._node(parent_inode)
         text = os.fsdecode(name)
         if text == ".":
-            node, attr = parent, await self._run(self.ns.attr, parent)
+            node, attr = parent, await self._run(self.view.attr, parent)
         elif text == "..":
-            node = await self._run(self.ns.resolve, parent.path.rpartition("/")[0])
-            attr = await self._run(self.ns.attr, node)
+            node = await self._run(self.view.resolve, parent.path.rpartition("/")[0])
+            attr = await self._run(self.view.attr, node)
         else:
             node, attr = await self._run(self._lookup_sync, parent, text)
-        ino = self.inodes.assign(node)
-        self.inodes.ref(ino)
-        return self._entry(ino, attr)
+        return self._reply(node, attr)
 
     @_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self._entry(inode, await self._run(self.ns.attr, self._node(inode)))
+        return self._entry(inode, await self._run(self.view.attr, self._node(inode)))
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, count in inode_list:
@@ -178,7 +205,7 @@ class Operations(pyfuse3.Operations):
     @_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         # The listing is taken once per opendir, so offsets stay stable while it is read.
-        listing = await self._run(self.ns.listdir, self._node(inode))
+        listing = await self._run(self.view.listdir, self._node(inode))
         fh = next(self._next_fh)
         self._listings[fh] = listing
         return fh
@@ -208,27 +235,150 @@ class Operations(pyfuse3.Operations):
 
     # -- data ---------------------------------------------------------------------
 
-    @_errors
-    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        if flags & _WRITE_FLAGS:
-            raise ReadOnly("this mount does not accept writes yet")
-        reader = await self._run(self.ns.open, self._node(inode))
+    def _open_file(self, handle: Reader | Handle) -> pyfuse3.FileInfo:
         fh = next(self._next_fh)
-        self._handles[fh] = reader
+        self._handles[fh] = handle
         # Data of an unchanged read-only source may stay in the page cache across opens.
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.config.read_only, direct_io=False)
+
+    @_errors
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        node = self._node(inode)
+        if self.workspace is None:
+            if flags & _WRITE_FLAGS:
+                raise ReadOnly("this mount is read-only")
+            return self._open_file(await self._run(self.view.open, node))
+        if flags & _WRITE_FLAGS:
+            handle = await self._thread(self.workspace.open, node, flags)
+        else:
+            handle = await self._run(self.workspace.open, node, flags)
+        return self._open_file(handle)
 
     @_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return await self._run(self._handles[fh].read, off, size)
 
-    async def release(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+    @_errors
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._handles[fh]
+        if not isinstance(handle, Handle):
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return await self._run(self._writable().write, handle, off, buf)
 
-    # -- writes: refused until write-back lands --------------------------------------
+    @_errors
+    async def flush(self, fh: int) -> None:
+        handle = self._handles[fh]
+        if isinstance(handle, Handle):
+            await self._thread(self._writable().flush, handle)
+
+    @_errors
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handles[fh]
+        if isinstance(handle, Handle):
+            await self._thread(self._writable().fsync, handle)
+
+    @_errors
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        if self.workspace is not None and await self._thread(self.workspace.sync):
+            raise StorageError("some buffered chunks could not be committed (see the log)")
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if isinstance(handle, Handle) and self.workspace is not None:
+            self.workspace.release(handle)
+
+    # -- changes --------------------------------------------------------------------
+
+    @_errors
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        workspace = self._writable()
+        if not stat.S_ISREG(mode) and stat.S_IFMT(mode):
+            raise pyfuse3.FUSEError(errno.EPERM)
+        parent = self._node(parent_inode)
+        node, attr, handle = await self._thread(workspace.create, parent, os.fsdecode(name))
+        return self._open_file(handle), self._reply(node, attr)
+
+    @_errors
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        workspace = self._writable()
+        node, attr = await self._thread(
+            workspace.mkdir, self._node(parent_inode), os.fsdecode(name)
+        )
+        return self._reply(node, attr)
+
+    @_errors
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        parent = self._node(parent_inode)
+        await self._thread(self._writable().unlink, parent, os.fsdecode(name))
+        self.inodes.unlink(f"{parent.path}/{os.fsdecode(name)}".lstrip("/"))
+
+    @_errors
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        parent = self._node(parent_inode)
+        await self._thread(self._writable().rmdir, parent, os.fsdecode(name))
+        self.inodes.unlink(f"{parent.path}/{os.fsdecode(name)}".lstrip("/"))
+
+    @_errors
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        workspace = self._writable()
+        if flags & ~pyfuse3.RENAME_NOREPLACE:
+            raise pyfuse3.FUSEError(errno.EINVAL)  # RENAME_EXCHANGE, RENAME_WHITEOUT
+        old, new = self._node(parent_inode_old), self._node(parent_inode_new)
+        old_name, new_name = os.fsdecode(name_old), os.fsdecode(name_new)
+        noreplace = bool(flags & pyfuse3.RENAME_NOREPLACE)
+
+        def rename() -> Node:
+            workspace.rename(old, old_name, new, new_name, noreplace)
+            return workspace.lookup(new, new_name)
+
+        node = await self._thread(rename)
+        self.inodes.move(f"{old.path}/{old_name}".lstrip("/"), node)
+
+    @_errors
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        workspace = self._writable()
+        node, parent = self._node(inode), self._node(new_parent_inode)
+        target, attr = await self._thread(workspace.link, node, parent, os.fsdecode(new_name))
+        return self._reply(target, attr)
+
+    @_errors
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        node = self._node(inode)
+        if fields.update_size:
+            result = await self._thread(self._writable().truncate, node, attr.st_size)
+        else:
+            # Modes, owners and times are not stored; the view keeps its own.
+            self._writable()
+            result = await self._run(self.view.attr, node)
+        return self._entry(inode, result)
 
     async def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
+        raise pyfuse3.FUSEError(errno.EPERM)
 
-    setattr = mknod = mkdir = unlink = rmdir = rename = link = symlink = create = _refuse
-    setxattr = removexattr = _refuse
+    mknod = symlink = _refuse
+
+    async def setxattr(self, *args: Any, **kwargs: Any) -> None:
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    removexattr = setxattr

@@ -16,24 +16,44 @@ import trio
 from shardfs.fuse.adapter import MountConfig, Operations
 from shardfs.fuse.mounts import mount_type
 from shardfs.view import Namespace
+from shardfs.writeback import Workspace
 
 log = logging.getLogger("shardfs")
 
 
+#: How often the committer looks for shards that are due.
+TICK = 0.25
+
+
+async def _commit_loop(workspace: Workspace, interval: float) -> None:
+    """Commit shards whose oldest change is `interval` seconds old, or everything once
+    the write buffer is full (it spilled to the spool)."""
+    full, committer = workspace.buffer.full, workspace.committer
+    while True:
+        await trio.sleep(min(TICK, interval))
+        age = 0.0 if full.is_set() else interval
+        full.clear()
+        if committer.due(age):
+            await trio.to_thread.run_sync(committer.commit_due, age)
+
+
 def serve(
-    namespace: Namespace,
+    view: Namespace | Workspace,
     mountpoint: str,
     config: MountConfig,
     fuse_options: set[str],
     on_ready: Callable[[], None] | None = None,
+    flush_interval: float = 5.0,
 ) -> None:
-    """Mount `namespace` at `mountpoint` and serve it until it is unmounted.
+    """Mount `view` at `mountpoint` and serve it until it is unmounted.
 
     `on_ready` is called once the mount answers requests (a stat of the
     mountpoint went through the kernel to this process and back). SIGTERM and
-    SIGINT unmount cleanly. Raises RuntimeError if the kernel refuses the mount.
+    SIGINT unmount cleanly. A workspace commits every `flush_interval` seconds
+    and, after the unmount, everything still buffered. Raises RuntimeError if
+    the kernel refuses the mount.
     """
-    operations = Operations(namespace, config)
+    operations = Operations(view, config)
     pyfuse3.init(operations, mountpoint, fuse_options)
     signalled = False
 
@@ -63,6 +83,8 @@ def serve(
             nursery.start_soon(fuse_loop)
             nursery.start_soon(report_ready)
             nursery.start_soon(watch_signals)
+            if isinstance(view, Workspace):
+                nursery.start_soon(_commit_loop, view, flush_interval)
 
     try:
         trio.run(main)
@@ -71,3 +93,17 @@ def serve(
         # signal (or a crash of the loop) we must unmount ourselves.
         pyfuse3.close(unmount=signalled or mount_type(mountpoint) is not None)
         log.info("unmounted %s", mountpoint)
+        if isinstance(view, Workspace):
+            _final_commit(view)
+
+
+def _final_commit(workspace: Workspace) -> None:
+    """Commit what is still buffered; what cannot be committed is named in the log."""
+    failed = workspace.sync()
+    if failed:
+        log.error(
+            "%d shards could not be committed at unmount; their buffered chunks are lost", failed
+        )
+    else:
+        log.info("all buffered chunks committed")
+    workspace.buffer.close()

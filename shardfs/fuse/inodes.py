@@ -57,3 +57,16 @@ class InodeTable:
         node = self._nodes.pop(ino, None)
         if node is not None and self._by_path.get(node.path) == ino:
             del self._by_path[node.path]
+
+    def unlink(self, path: str) -> None:
+        """The file at `path` was removed: a new file there gets a new inode, while the
+        old one lives on for the kernel's open handles until it is forgotten."""
+        self._by_path.pop(path, None)
+
+    def move(self, old_path: str, node: Node) -> None:
+        """The file at `old_path` was renamed to `node.path`: its inode goes with it."""
+        ino = self._by_path.pop(old_path, None)
+        if ino is None:
+            return
+        self._by_path[node.path] = ino
+        self._nodes[ino] = node

@@ -10,8 +10,23 @@ above this layer knows which backend it talks to.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+
+class _Absent(Enum):
+    """The type of ABSENT: an enum member is a singleton that survives pickling."""
+
+    ABSENT = "ABSENT"
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Final = _Absent.ABSENT
+"""An `expect` meaning "the object must not exist" (there is no version to name)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +50,14 @@ class Entry:
 
 
 class Storage(ABC):
-    """A read interface to a tree of objects."""
+    """A tree of objects: reads, plus conditional writes.
+
+    Every write names the version it was computed from (`expect`), so two
+    writers that read the same version cannot both win: the loser gets
+    SourceChanged and re-reads. Backends implement this with whatever their
+    store offers (file locks locally, conditional PUTs on S3). Writes always
+    wait for I/O, so in non-blocking mode they raise WouldBlock.
+    """
 
     @abstractmethod
     def stat(self, key: str) -> Stat | None:
@@ -58,3 +80,57 @@ class Storage(ABC):
     @abstractmethod
     def describe(self, key: str) -> str:
         """A human-readable name of `key` for log lines (never includes credentials)."""
+
+    @abstractmethod
+    def put(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
+        """Replace or create object `key` with the concatenation of `parts`, atomically.
+
+        Concurrent readers and a crash at any instant see the old object or the
+        new one, never a mix. `expect` is the version (Stat.version) the caller
+        built the new content from, or ABSENT if it believes there is no
+        object; if the object is not (any more) that version, raises
+        SourceChanged and changes nothing. Creates missing parent directories.
+        Durable when it returns. Returns the new object's Stat.
+        """
+
+    @abstractmethod
+    def append(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
+        """Append the concatenation of `parts` to object `key` if it is still version `expect`.
+
+        Otherwise raises SourceChanged and changes nothing (with `expect=ABSENT`
+        and no object: NotFound, as there is nothing to append to). Cheaper
+        than `put` for growing a big object. Durable when it returns; after a
+        crash at any instant, `recover()` leaves the object either exactly as
+        before or with the whole append. Returns the new Stat.
+        """
+
+    @abstractmethod
+    def delete(self, key: str, expect: Hashable) -> None:
+        """Remove object `key` if it is still version `expect`, else SourceChanged.
+
+        With `expect=ABSENT` and no object: NotFound. Durable when it returns.
+        """
+
+    @abstractmethod
+    def makedirs(self, key: str) -> None:
+        """Create directory `key` and its parents; no error if it exists.
+
+        Stores without real directories may do nothing.
+        """
+
+    @abstractmethod
+    def recover(self) -> list[str]:
+        """Finish or roll back writes that a crashed writer left behind.
+
+        Returns one human-readable line per repair, for the log. Safe to run
+        while other processes write to the same source: it waits for writes
+        in progress instead of mistaking them for crashed ones.
+        """
+
+    @abstractmethod
+    def pending_recovery(self) -> list[str]:
+        """Keys with an unfinished-write record, changing nothing.
+
+        For fsck and read-only mounts, which must report rather than repair.
+        Writes in progress in other processes are included.
+        """

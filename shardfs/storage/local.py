@@ -1,16 +1,37 @@
-"""A local directory as the source."""
+"""A local directory as the source.
+
+Writes are crash-safe: `put` renames a durable temp file over the object,
+`append` writes in place under a journal entry that `recover` uses to keep a
+whole tail or cut a torn one (see `shardfs.storage.journal`). Writers of one
+key serialize on a lock in the private `.shardfs/` area, which readers never
+see.
+"""
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import secrets
 import stat as stat_mod
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 
 from shardfs.errors import CorruptData, NotADirectory, NotFound, SourceChanged, StorageError
-from shardfs.storage.base import Entry, Stat, Storage
+from shardfs.storage import journal
+from shardfs.storage.base import ABSENT, Entry, Stat, Storage
 from shardfs.storage.blocking import WouldBlock, check_may_block, may_block
+
+log = logging.getLogger("shardfs")
+
+# Temp files of `put` next to the key when the private area is on another file system.
+_FALLBACK_TEMP = ".shardfs-tmp."
+
+
+def _is_private(key: str) -> bool:
+    """Whether `key` is in the private area or a fallback temp file, which readers must not see."""
+    parts = [p for p in key.split("/") if p not in ("", ".")]
+    return bool(parts) and (parts[0] == journal.PRIVATE or parts[-1].startswith(_FALLBACK_TEMP))
 
 
 def _stat_of(st: os.stat_result) -> Stat:
@@ -28,13 +49,16 @@ class LocalStorage(Storage):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
+        self._journal = journal.Journal(self.root)
 
     def _path(self, key: str) -> str:
-        if key.startswith("/") or ".." in key.split("/"):
+        if key.startswith("/") or ".." in key.split("/") or _is_private(key):
             raise NotFound(key)
         return os.path.join(self.root, key) if key else str(self.root)
 
     def stat(self, key: str) -> Stat | None:
+        if _is_private(key):
+            return None
         try:
             st = os.stat(self._path(key))
         except (FileNotFoundError, NotADirectoryError):
@@ -55,6 +79,8 @@ class LocalStorage(Storage):
                         st = entry.stat()
                     except FileNotFoundError:
                         continue  # removed while listing
+                    if _is_private(f"{key}/{entry.name}"):
+                        continue
                     if stat_mod.S_ISDIR(st.st_mode) or stat_mod.S_ISREG(st.st_mode):
                         entries.append(Entry(entry.name, _stat_of(st)))
                 return entries
@@ -91,6 +117,216 @@ class LocalStorage(Storage):
 
     def describe(self, key: str) -> str:
         return self._path(key)
+
+    def put(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
+        check_may_block()
+        path = self._path(key)
+        try:
+            self._journal.prepare()
+            with self._journal.locked(key):
+                self._settle_before_write(key, path)
+                self._journal.sync()
+                self._expect(key, self._version(key, path), expect)
+                journal.makedirs_durably(os.path.dirname(path))
+                views = journal.byte_views(parts)
+                try:
+                    return _rename_into_place(*self._journal.create_temp(key), path, views)
+                except OSError as e:
+                    if e.errno != errno.EXDEV:
+                        raise
+                # The key's directory is on another file system: a temp file next to it
+                # (which recover() cannot find if we crash, but readers never see).
+                tmp = os.path.join(os.path.dirname(path), _FALLBACK_TEMP + secrets.token_hex(8))
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+                return _rename_into_place(fd, tmp, path, views)
+        except OSError as e:
+            raise self._error(key, e) from None
+
+    def append(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
+        check_may_block()
+        path = self._path(key)
+        try:
+            self._journal.prepare()
+            with self._journal.locked(key):
+                self._settle_before_write(key, path)
+                self._expect(key, self._version(key, path), expect)
+                if expect is ABSENT:
+                    raise NotFound(key)
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    return self._append_locked(key, path, fd, journal.byte_views(parts), expect)
+                finally:
+                    os.close(fd)
+        except OSError as e:
+            raise self._error(key, e) from None
+
+    def _append_locked(
+        self, key: str, path: str, fd: int, views: list[memoryview], expect: Hashable
+    ) -> Stat:
+        """The append protocol proper; the caller holds the key's lock and has `path` open as `fd`."""
+        st = os.fstat(fd)
+        self._expect(key, _stat_of(st).version, expect)  # the file opened is the one checked
+        size = sum(v.nbytes for v in views)
+        if not size:
+            return _stat_of(st)
+        entry = journal.JournalEntry(key, st.st_size, st.st_size + size, journal.crc_of(views))
+        self._journal.write(entry)
+        try:
+            journal.write_all(fd, views, entry.old_size)
+            os.fsync(fd)
+        except OSError:
+            # Undo now rather than at the next recovery: even a tail that reads back whole is
+            # not known to be durable after a failed fsync. If this fails too, the entry stays.
+            try:
+                os.ftruncate(fd, entry.old_size)
+                os.fsync(fd)
+                self._journal.discard(journal.entry_name(key))
+            except OSError:
+                log.warning("%s: could not undo a failed append; recovery will", path)
+            raise
+        self._journal.discard(journal.entry_name(key))
+        return _stat_of(os.fstat(fd))
+
+    def delete(self, key: str, expect: Hashable) -> None:
+        check_may_block()
+        path = self._path(key)
+        try:
+            self._journal.prepare()
+            with self._journal.locked(key):
+                self._settle_before_write(key, path)
+                self._journal.sync()
+                current = self._version(key, path)
+                self._expect(key, current, expect)
+                if current is ABSENT:
+                    raise NotFound(key)
+                os.unlink(path)
+                journal.fsync_dir(os.path.dirname(path))
+        except OSError as e:
+            raise self._error(key, e) from None
+
+    def makedirs(self, key: str) -> None:
+        check_may_block()
+        try:
+            journal.makedirs_durably(self._path(key))
+        except OSError as e:
+            raise self._error(key, e) from None
+
+    def recover(self) -> list[str]:
+        check_may_block()
+        if not self._journal.exists():
+            return []  # nothing was ever written through shardfs: leave no trace
+        lines = [line for name in self._journal_names() if (line := self._recover_entry(name))]
+        try:
+            removed = self._journal.sweep_temps()
+        except OSError as e:
+            raise StorageError(f"{self._journal.temps}: {e.strerror}") from None
+        if removed:
+            lines.append(f"{self._journal.temps}: removed {removed} temp files of crashed writers")
+        return lines
+
+    def _recover_entry(self, name: str) -> str | None:
+        """Settle one entry under its key's lock, so a live writer finishes first."""
+        try:
+            entry = self._journal.load(name)
+            if entry is None:
+                return None  # its writer finished
+            path = self._path(entry.key)
+        except (ValueError, NotFound) as e:
+            return self._discard_malformed(name, e)
+        except OSError as e:
+            raise StorageError(f"{self._journal.entry_path(name)}: {e.strerror}") from None
+        try:
+            with self._journal.locked(entry.key):
+                return self._settle(entry.key, path)
+        except OSError as e:
+            raise self._error(entry.key, e) from None
+
+    def pending_recovery(self) -> list[str]:
+        check_may_block()
+        keys = set()
+        for name in self._journal_names():
+            try:
+                entry = self._journal.load(name)
+            except ValueError:
+                continue  # names no key; recover() removes and reports it
+            except OSError as e:
+                raise StorageError(f"{self._journal.entry_path(name)}: {e.strerror}") from None
+            if entry is not None:
+                keys.add(entry.key)
+        return sorted(keys)
+
+    def _journal_names(self) -> list[str]:
+        try:
+            return self._journal.names()
+        except OSError as e:
+            raise StorageError(f"{self._journal.entries}: {e.strerror}") from None
+
+    def _settle_before_write(self, key: str, path: str) -> None:
+        """Settle what a crashed appender of `key` left, or it would later cut the new content."""
+        if line := self._settle(key, path):
+            log.warning("%s", line)
+
+    def _settle(self, key: str, path: str) -> str | None:
+        """Settle the entry a crashed appender of `key` left, if any; returns the log line.
+
+        The caller holds `key`'s lock, so no live writer is mid-append.
+        """
+        name = journal.entry_name(key)
+        try:
+            entry = self._journal.load(name)
+        except ValueError as e:
+            return self._discard_malformed(name, e)
+        return None if entry is None else self._journal.settle(entry, path, self.describe(key))
+
+    def _discard_malformed(self, name: str, why: Exception) -> str:
+        """Drop an entry that cannot be settled (it does not say what to undo); returns the log line."""
+        self._journal.discard(name)
+        return f"{self._journal.entry_path(name)}: removed a malformed journal entry ({why})"
+
+    def _version(self, key: str, path: str) -> Hashable:
+        """The version of the object at `path`, or ABSENT; a directory or special file is an error."""
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return ABSENT
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise StorageError(f"{self.describe(key)}: not a regular file")
+        return _stat_of(st).version
+
+    def _expect(self, key: str, current: Hashable, expect: Hashable) -> None:
+        if current == expect:
+            return
+        if expect is ABSENT:
+            what = "exists"
+        elif current is ABSENT:
+            what = "was removed"
+        else:
+            what = "changed"
+        raise SourceChanged(f"{self.describe(key)} {what} since the version this write is based on")
+
+    def _error(self, key: str, e: OSError) -> StorageError:
+        path = self._path(key)
+        where = f" ({e.filename})" if e.filename not in (None, path) else ""
+        return StorageError(f"{self.describe(key)}: {e.strerror or e}{where}")
+
+
+def _rename_into_place(fd: int, tmp: str, path: str, views: list[memoryview]) -> Stat:
+    """Fill temp file `tmp` (open as `fd`), make it durable and rename it to `path`.
+
+    Closes `fd`; removes `tmp` unless it was renamed.
+    """
+    try:
+        try:
+            journal.write_all(fd, views, 0)
+            os.fsync(fd)
+            os.rename(tmp, path)
+        except BaseException:
+            journal.remove_quietly(tmp)
+            raise
+        journal.fsync_dir(os.path.dirname(path))
+        return _stat_of(os.fstat(fd))  # after the rename, which changes the ctime
+    finally:
+        os.close(fd)
 
 
 def _read_cached(fd: int, offset: int, length: int) -> bytes:

@@ -293,10 +293,17 @@ class Namespace:
         metadata_cache: int = 16 << 20,
         view: View = View.V3,
         hierarchy: Hierarchy | None = None,
+        serve_plain: bool = False,
     ) -> None:
         self.storage = storage
         self.view = view
         self.tree = hierarchy or ZarrV3(storage)
+        #: Serve unsharded arrays' chunks through the view too (a writable view routes
+        #: writes by array), rather than passing them through.
+        self.serve_plain = serve_plain
+        #: Called with a shard's key before its index is read: waits while this
+        #: process is writing that shard (see `shardfs.writeback`).
+        self.guard: Callable[[str], None] | None = None
         self.indexes: LruCache[ShardTable] = LruCache(
             index_cache, lambda t: t.cost, cache_errors=(CorruptData,)
         )
@@ -310,7 +317,7 @@ class Namespace:
         stat = self.storage.stat("")
         if stat is None or not stat.is_dir:
             raise NotFound("source root is gone")
-        return self._dir_node("")
+        return self.dir_node("")
 
     def resolve(self, path: str) -> Node:
         """The node at a `/`-separated view path ("" is the root)."""
@@ -338,27 +345,44 @@ class Namespace:
                 return self._child_node(meta, name)
             return self._source_node(path)
         assert isinstance(meta, ArrayView)
-        layout, names = meta.layout, meta.names
+        layout = meta.layout
         if parent.role is Role.ARRAY:
             if name in meta.docs:
                 return Node(path, Role.METADATA, meta)
             if name == METADATA:
                 raise NotFound(path)
-            if not names.owns(name, layout.ndim):
+            if not meta.names.owns(name, layout.ndim):
                 if not self.tree.passthrough or layout.keys.owns(name, layout.ndim):
                     raise NotFound(path)  # a shard: replaced by the view's chunks
                 return self._source_node(path, inside_array=True)
+        node = self.key_node(Node(parent.path, parent.role, meta, parent.coords), name)
+        if node is None:
+            raise NotFound(path)
+        if node.role is Role.CHUNK:
+            self.locate(meta, node.coords)
+        elif not self._chunk_dir_exists(meta, node.coords):
+            raise NotFound(path)
+        return node
+
+    def key_node(self, parent: Node, name: str) -> Node | None:
+        """What `name` in an array or chunk directory names in the array's key space,
+        whether or not it exists: a CHUNK, a CHUNK_DIR, or None (not a key)."""
+        array = parent.array
+        layout, names = array.layout, array.names
+        if parent.role is Role.ARRAY:
+            if name in array.docs or not names.owns(name, layout.ndim):
+                return None
             parts = [name]
         else:
             parts = [*self._key_parts(parent), name]
+        path = join(parent.path, name)
         coords = names.decode("/".join(parts), layout.ndim)
         if coords is not None:
-            self.locate(meta, coords)
-            return Node(path, Role.CHUNK, meta, coords)
+            return Node(path, Role.CHUNK, array, coords)
         prefix = names.dir_depth(parts, layout.ndim)
-        if prefix is None or not self._chunk_dir_exists(meta, prefix):
-            raise NotFound(path)
-        return Node(path, Role.CHUNK_DIR, meta, prefix)
+        if prefix is None or not all(0 <= i < g for i, g in zip(prefix, layout.grid, strict=False)):
+            return None
+        return Node(path, Role.CHUNK_DIR, array, prefix)
 
     def refresh(self, node: Node) -> Node:
         """The node for the same path now, raising NotFound if it is gone."""
@@ -373,7 +397,7 @@ class Namespace:
             raise NotFound(path)
         if not stat.is_dir:
             return Node(path, Role.FILE)
-        return Node(path, Role.DIR) if inside_array else self._dir_node(path)
+        return Node(path, Role.DIR) if inside_array else self.dir_node(path)
 
     def _child_node(self, group: NodeView, name: str) -> Node:
         """A child of a group of a translated hierarchy: a node, or the stored document
@@ -387,7 +411,7 @@ class Namespace:
                 if key is not None and key.endswith("/" + name) and self._meta_at(child) is None:
                     return Node(path, Role.FILE, source=key)
                 raise NotFound(path)
-        node = self._dir_node(path)
+        node = self.dir_node(path)
         if node.meta is None:
             raise NotFound(path)
         return node
@@ -409,7 +433,8 @@ class Namespace:
                 listing.append((shown, node, self._attr_of(doc.stat)))
         return listing
 
-    def _dir_node(self, key: str) -> Node:
+    def dir_node(self, key: str) -> Node:
+        """The node of source directory `key` as it is now: a plain directory, group or array."""
         return self._node_of(key, self._meta_at(key))
 
     @staticmethod
@@ -452,7 +477,11 @@ class Namespace:
 
     def _array_view(self, key: str, stat: Stat, meta: dict, raw: bytes | None) -> ArrayView | None:
         layout = sharded_layout(meta)
-        if layout is None and self.view is View.V3 and not self.tree.translates:
+        if (
+            layout is None
+            and self.view is View.V3
+            and not (self.tree.translates or self.serve_plain)
+        ):
             return None  # a plain v3 array: it passes through
         v2 = None
         if self.view is View.V2:
@@ -468,6 +497,11 @@ class Namespace:
         stored = replace(layout, keys=self.tree.chunk_keys(layout.keys))
         data = self.tree.data_dir(key)
         return ArrayView(key, data, stored, stat, names, docs, v2, level_slots(stored))
+
+    def array_at(self, key: str) -> ArrayView | None:
+        """The array the view serves at directory `key`, if there is one."""
+        meta = self._meta_at(key)
+        return meta if isinstance(meta, ArrayView) else None
 
     def _fresh(self, meta: NodeView | None) -> NodeView:
         """`meta` as it is now: the metadata may have changed since the node was made."""
@@ -495,6 +529,8 @@ class Namespace:
         made from its stat without a read or a cache entry.
         """
         key = self.shard_key(array, shard)
+        if self.guard is not None:
+            self.guard(key)
         for _attempt in range(3):
             stat = self.storage.stat(key)
             if stat is None or stat.is_dir:
@@ -518,6 +554,10 @@ class Namespace:
         try:
             self._fill(array, key, stat, 0, 0, stat.size, np.arange(count), entries)
         except CorruptData as e:
+            current = self.storage.stat(key)
+            if current is None or current.version != stat.version:
+                # Another writer was appending to it: read the new version instead.
+                raise SourceChanged(f"{self.storage.describe(key)} changed") from None
             raise logged_corruption(
                 f"{self.storage.describe(key)}: corrupt shard, its chunks give EIO: {e}"
             ) from None
@@ -583,8 +623,6 @@ class Namespace:
         return join(array.data, layout.keys.dir_path(shard_prefix))
 
     def _chunk_dir_exists(self, array: ArrayView, prefix: tuple[int, ...]) -> bool:
-        if any(not 0 <= i < g for i, g in zip(prefix, array.layout.grid, strict=False)):
-            return False
         stat = self.storage.stat(self._shard_dir(array, prefix))
         return stat is not None and stat.is_dir
 
@@ -666,7 +704,7 @@ class Namespace:
 
     def _source_entry(self, parent: str, name: str, stat: Stat) -> tuple[str, Node, Attr]:
         path = join(parent, name)
-        node = self._dir_node(path) if stat.is_dir else Node(path, Role.FILE)
+        node = self.dir_node(path) if stat.is_dir else Node(path, Role.FILE)
         return name, node, self._attr_of(stat)
 
     def _documents(self, meta: NodeView) -> list[tuple[str, Node, Attr]]:

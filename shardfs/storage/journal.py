@@ -1,0 +1,310 @@
+"""The private area of a local source: per-key locks, the append journal, temp files.
+
+Why a journal: appending in place is what makes growing a big object cheap,
+but a crash in the middle leaves a torn tail that no rename can undo. So an
+appender first records durably what it is about to do (old size, new size,
+checksum of the tail); recovery then keeps a tail that verifies and cuts any
+other back to the old size.
+
+Layout below the source root (the storage hides it from readers):
+
+    .shardfs/lock                 one-byte OFD locks, one offset per key (hashed)
+    .shardfs/journal/<sha1(key)>  {"key": str, "old_size": int, "new_size": int, "crc32c": int}
+    .shardfs/tmp/<offset>.<hex>   files being written; <offset> is the lock their writer holds
+
+Linux-only: open-file-description locks are what make threads of one process
+exclude each other as well as other processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import secrets
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+
+PRIVATE = ".shardfs"
+# `struct flock` on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
+_FLOCK = struct.Struct("hhqqi4x")
+_IOV_MAX = os.sysconf("SC_IOV_MAX")
+_TEMP_NAME = re.compile(r"(\d+)\.[0-9a-f]+", re.ASCII)
+_CHUNK = 1 << 20
+
+
+def lock_offset(key: str) -> int:
+    """The byte of the lock file that guards `key`; a collision only serializes two keys."""
+    return crc32c.crc32c(os.fsencode(key)) % 2**31
+
+
+def entry_name(key: str) -> str:
+    """A fixed-length file name for `key`'s journal entry, whatever the key looks like."""
+    return hashlib.sha1(os.fsencode(key), usedforsecurity=False).hexdigest()
+
+
+def byte_views(parts: Sequence[bytes | memoryview]) -> list[memoryview]:
+    """Flat byte views of the non-empty parts (a memoryview may have wider items)."""
+    return [v for p in parts if (v := memoryview(p).cast("B")).nbytes]
+
+
+def write_all(fd: int, views: Sequence[memoryview], offset: int) -> None:
+    """pwritev `views` at `offset`, looping because a write may be short."""
+    pending = list(views)
+    first = 0
+    while first < len(pending):
+        written = os.pwritev(fd, pending[first : first + _IOV_MAX], offset)
+        if written == 0:  # cannot happen for regular files; guards against a silent endless loop
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        offset += written
+        while first < len(pending) and written >= pending[first].nbytes:
+            written -= pending[first].nbytes
+            first += 1
+        if written:
+            pending[first] = pending[first][written:]
+
+
+def fsync_dir(path: str) -> None:
+    """Make the entries of directory `path` (creations, renames, removals) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def makedirs_durably(path: str) -> None:
+    """`mkdir -p` that fsyncs each parent it adds an entry to, so new directories survive power loss."""
+    if os.path.isdir(path):
+        return
+    makedirs_durably(os.path.dirname(path))
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+        # made by a concurrent writer, which may not have fsynced the parent yet
+    fsync_dir(os.path.dirname(path))
+
+
+def remove_quietly(path: str) -> None:
+    """Remove a temp file on a failure path, where a second error would hide the first."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _lock(fd: int, offset: int, wait: bool) -> bool:
+    """Write-lock one byte; without `wait`, False if another open file description holds it."""
+    arg = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
+    except OSError as e:
+        if not wait and e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """What an appender is about to do: enough to tell a whole tail from a torn one."""
+
+    key: str
+    old_size: int
+    new_size: int
+    crc32c: int
+
+    def encode(self) -> bytes:
+        doc = {
+            "key": self.key,
+            "old_size": self.old_size,
+            "new_size": self.new_size,
+            "crc32c": self.crc32c,
+        }
+        return json.dumps(doc).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, name: str) -> JournalEntry:
+        """Parse the entry stored as `name`; ValueError says why it is malformed."""
+        doc = json.loads(data)  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        key, old, new, crc = (doc.get(f) for f in ("key", "old_size", "new_size", "crc32c"))
+        if not isinstance(key, str):
+            raise ValueError("no key")
+        if not all(type(n) is int for n in (old, new, crc)):
+            raise ValueError("sizes or checksum missing or not integers")
+        if not 0 <= old <= new or not 0 <= crc < 2**32:
+            raise ValueError(f"impossible sizes or checksum ({old}, {new}, {crc})")
+        if entry_name(key) != name:
+            raise ValueError("its name does not match its key")
+        return cls(key, old, new, crc)
+
+
+class Journal:
+    """The `.shardfs/` area of one source root. Stateless, so any number of threads may share it."""
+
+    def __init__(self, root: Path) -> None:
+        area = root / PRIVATE
+        self.area = str(area)
+        self.lock_path = str(area / "lock")
+        self.entries = str(area / "journal")
+        self.temps = str(area / "tmp")
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.area)
+
+    def prepare(self) -> None:
+        """Create the area; only writers call this, so read-only use leaves no trace."""
+        makedirs_durably(self.entries)
+        makedirs_durably(self.temps)
+
+    def _open_lock_file(self) -> int:
+        return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+    @contextlib.contextmanager
+    def locked(self, key: str) -> Iterator[None]:
+        """Hold `key`'s lock. A fresh open file description per call, so threads exclude each other too."""
+        fd = self._open_lock_file()
+        try:
+            _lock(fd, lock_offset(key), wait=True)
+            yield
+        finally:
+            os.close(fd)  # releases the lock, as a crash would
+
+    def create_temp(self, key: str) -> tuple[int, str]:
+        """A new temp file for a writer holding `key`'s lock; its name says which lock that is."""
+        path = os.path.join(self.temps, f"{lock_offset(key)}.{secrets.token_hex(8)}")
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), path
+
+    def entry_path(self, name: str) -> str:
+        return os.path.join(self.entries, name)
+
+    def write(self, entry: JournalEntry) -> None:
+        """Store `entry` durably and whole (temp file, fsync, rename, fsync of the directory)."""
+        fd, tmp = self.create_temp(entry.key)
+        try:
+            with open(fd, "wb") as f:
+                f.write(entry.encode())
+                f.flush()
+                os.fsync(fd)
+            os.rename(tmp, self.entry_path(entry_name(entry.key)))
+        except BaseException:
+            remove_quietly(tmp)
+            raise
+        fsync_dir(self.entries)
+
+    def load(self, name: str) -> JournalEntry | None:
+        """The entry stored as `name`, None if there is none (any more); ValueError if malformed."""
+        try:
+            with open(self.entry_path(name), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        return JournalEntry.decode(data, name)
+
+    def discard(self, name: str) -> None:
+        """Remove an entry. Not fsynced: an entry that reappears after a power loss still verifies,
+        and writers that change an object otherwise call `sync` first."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.entry_path(name))
+
+    def sync(self) -> None:
+        """Make earlier removals of entries durable.
+
+        A writer that replaces or removes an object calls this first: an entry
+        reappearing after a power loss would otherwise cut the new object to
+        the old size.
+        """
+        fsync_dir(self.entries)
+
+    def names(self) -> list[str]:
+        """The names of all entries; none if the area was never created."""
+        try:
+            return sorted(os.listdir(self.entries))
+        except FileNotFoundError:
+            return []
+
+    def settle(self, entry: JournalEntry, path: str, name: str) -> str:
+        """Keep a tail that verifies or cut a torn one, then drop the entry.
+
+        The caller holds the key's lock, so no live writer is mid-append.
+        Returns the log line; `name` is how it names the object.
+        """
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            line = f"{name}: left as is: it is no file since an interrupted append"
+        else:
+            try:
+                line = self._settle_file(fd, entry, name)
+            finally:
+                os.close(fd)
+        self.discard(entry_name(entry.key))
+        return line
+
+    @staticmethod
+    def _settle_file(fd: int, entry: JournalEntry, name: str) -> str:
+        size = os.fstat(fd).st_size
+        if size < entry.old_size:
+            return (
+                f"{name}: left as is: it has {size} bytes, fewer than the "
+                f"{entry.old_size} before an interrupted append, so something else changed it"
+            )
+        if size == entry.old_size:
+            return f"{name}: dropped the record of an append that had written nothing"
+        if size == entry.new_size and _crc_of_range(fd, entry.old_size, size) == entry.crc32c:
+            return f"{name}: kept a completed append ({size - entry.old_size} bytes)"
+        os.ftruncate(fd, entry.old_size)
+        os.fsync(fd)
+        return f"{name}: rolled back a torn append (kept {entry.old_size} of {size} bytes)"
+
+    def sweep_temps(self) -> int:
+        """Remove temp files of dead writers: a live writer holds the lock its file's name gives.
+
+        Returns how many were removed.
+        """
+        try:
+            names = os.listdir(self.temps)
+        except FileNotFoundError:
+            return 0
+        removed = 0
+        for name in names:
+            match = _TEMP_NAME.fullmatch(name)
+            if not match:
+                continue  # not ours to judge
+            fd = self._open_lock_file()
+            try:
+                if _lock(fd, int(match[1]), wait=False):
+                    with contextlib.suppress(FileNotFoundError):  # renamed by a writer just done
+                        os.unlink(os.path.join(self.temps, name))
+                        removed += 1
+            finally:
+                os.close(fd)
+        return removed
+
+
+def crc_of(views: Sequence[memoryview]) -> int:
+    crc = 0
+    for v in views:
+        crc = crc32c.crc32c(v, crc)
+    return crc
+
+
+def _crc_of_range(fd: int, start: int, end: int) -> int:
+    crc = 0
+    while start < end:
+        chunk = os.pread(fd, min(_CHUNK, end - start), start)
+        if not chunk:
+            break
+        crc = crc32c.crc32c(chunk, crc)
+        start += len(chunk)
+    return crc

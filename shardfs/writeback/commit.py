@@ -1,0 +1,262 @@
+"""Committing buffered chunks into their shards: one append (or one whole write) per shard.
+
+A commit works from the shard as it is in the source at that moment, not
+from a cached index: it reads the current index, adds the new chunks and a new
+index after the old end (`shardfs.formats.shard_write`), and hands that to the
+storage as an append conditional on the version it read. If another writer
+(a second mount) changed the shard in between, the storage refuses and the
+commit starts again from the new index, so neither writer's chunks are lost.
+Shards that do not exist yet, shards with their index at the start and the
+chunk objects of unsharded arrays are written whole instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Hashable
+
+import numpy as np
+
+from shardfs.errors import CorruptData, InvalidWrite, ReadOnly, SourceChanged, StorageError
+from shardfs.formats.shard_index import EMPTY, check_entries
+from shardfs.formats.shard_write import Buffer, ShardUpdate, append_update, whole_shard
+from shardfs.formats.zarr_v3 import ShardLevel
+from shardfs.storage.base import ABSENT, Stat
+from shardfs.storage.blocking import WouldBlock, may_block
+from shardfs.view.namespace import ArrayView, Namespace
+from shardfs.writeback.overlay import Buffered, Entry, Overlay, ShardRef
+
+log = logging.getLogger("shardfs")
+
+#: How often a commit is tried again when other writers keep changing the shard.
+ATTEMPTS = 8
+
+
+class Committer:
+    """Moves the overlay's dirty chunks into the source, one shard at a time.
+
+    Commits of one shard are serialised in this process by a lock per shard;
+    readers of the view wait for a shard that is being written (`wait_idle`)
+    so they never read a half-written tail.
+    """
+
+    def __init__(self, namespace: Namespace, overlay: Overlay) -> None:
+        self.ns = namespace
+        self.storage = namespace.storage
+        self.overlay = overlay
+        self._locks: dict[ShardRef, threading.Lock] = {}
+        self._writing: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self._retry_at: dict[ShardRef, float] = {}  #: back-off of shards whose commit failed
+        self._backoff: dict[ShardRef, float] = {}
+        self.appends = 0  #: shard appends done (for benchmarks and tests)
+        self.rewrites = 0  #: whole shards or chunk objects written
+
+    # -- readers ---------------------------------------------------------------------
+
+    def wait_idle(self, key: str) -> None:
+        """Return once no commit of this process is writing storage object `key`."""
+        lock = self._writing.get(key)
+        if lock is None:
+            return
+        if not lock.acquire(blocking=may_block()):
+            raise WouldBlock
+        lock.release()
+
+    # -- commits -----------------------------------------------------------------------
+
+    def commit(self, ref: ShardRef, include_open: bool = True) -> None:
+        """Store the dirty chunks of shard `ref`. Chunks a writer still holds open are
+        left for later unless `include_open` (an fsync)."""
+        with self._guard:
+            lock = self._locks.setdefault(ref, threading.Lock())
+        with lock:
+            changes = self.overlay.changes(ref)
+            if not include_open:
+                changes = {
+                    c: e for c, e in changes.items() if not (isinstance(e, Buffered) and e.handles)
+                }
+            if not changes:
+                return
+            array = self.ns.array_at(ref[0])
+            if array is None:
+                raise InvalidWrite(
+                    f"{ref[0]} is no longer an array; its buffered chunks cannot be stored"
+                )
+            done, data = self._snapshot(array, changes)
+            if data:
+                self._store(array, ref[1], data)
+            self.overlay.committed(ref, done)
+
+    def commit_all(self, include_open: bool = True) -> int:
+        """Commit every dirty shard now; returns the number that failed (each logged)."""
+        return self._commit_many([ref for ref, _ in self.overlay.dirty_shards()], include_open)
+
+    def due(self, age: float) -> bool:
+        """Whether some shard's oldest change is `age` seconds old (and not in back-off)."""
+        return bool(self._due(age))
+
+    def commit_due(self, age: float) -> int:
+        """Commit the shards that are `due`, leaving chunks still open for writing."""
+        return self._commit_many(self._due(age), include_open=False)
+
+    def _due(self, age: float) -> list[ShardRef]:
+        now = time.monotonic()
+        return [
+            ref
+            for ref, since in self.overlay.dirty_shards()
+            if now - since >= age and self._retry_at.get(ref, 0.0) <= now
+        ]
+
+    def _commit_many(self, refs: list[ShardRef], include_open: bool) -> int:
+        failed = 0
+        for ref in refs:
+            try:
+                self.commit(ref, include_open)
+                self._retry_at.pop(ref, None)
+                self._backoff.pop(ref, None)
+            except (StorageError, InvalidWrite, ReadOnly, CorruptData) as e:
+                failed += 1
+                delay = min(60.0, self._backoff.get(ref, 0.5) * 2)
+                self._backoff[ref] = delay
+                self._retry_at[ref] = time.monotonic() + delay
+                if not e.logged:
+                    log.error(
+                        "commit of %s failed (next try in %.0f s): %s",
+                        self._describe(ref),
+                        delay,
+                        e,
+                    )
+        return failed
+
+    def _describe(self, ref: ShardRef) -> str:
+        array = self.ns.array_at(ref[0])
+        if array is None:
+            return f"a shard of {ref[0]}"
+        return self.storage.describe(self.ns.shard_key(array, ref[1]))
+
+    def _snapshot(
+        self, array: ArrayView, changes: dict[tuple[int, ...], Entry]
+    ) -> tuple[dict[tuple[int, ...], tuple[Entry, int]], dict[int, Buffer | None]]:
+        """(entries with the generation stored, stored bytes or None by level-0 slot)."""
+        layout = array.layout
+        cps = layout.chunks_per_shard
+        done: dict[tuple[int, ...], tuple[Entry, int]] = {}
+        data: dict[int, Buffer | None] = {}
+        for coords, entry in changes.items():
+            local = tuple(c % n for c, n in zip(coords, cps, strict=True))
+            flat = int(np.ravel_multi_index(local, cps))
+            slot = int(array.slots[0][flat]) if layout.levels else 0
+            if not isinstance(entry, Buffered):
+                done[coords], data[slot] = (entry, 0), None
+                continue
+            with entry.blob.lock:
+                generation = entry.blob.generation
+            content = entry.blob.getvalue()
+            if entry.blob.generation != generation:
+                continue  # being written right now: the next commit takes it
+            if array.v2 is not None:
+                try:
+                    content = array.v2.store(content)
+                except ValueError as e:
+                    log.error(
+                        "%s: discarded, it cannot be stored: %s", entry.path, e
+                    )  # the writer got EINVAL when it closed the file
+                    done[coords] = (entry, generation)
+                    continue
+            done[coords], data[slot] = (entry, generation), content
+        return done, data
+
+    def _store(
+        self, array: ArrayView, shard: tuple[int, ...], data: dict[int, Buffer | None]
+    ) -> None:
+        key = self.ns.shard_key(array, shard)
+        layout = array.layout
+        if len(layout.levels) > 1:
+            raise ReadOnly(f"{array.key}: writes to arrays with nested sharding are not supported")
+        with self._guard:
+            writing = self._writing.setdefault(key, threading.Lock())
+        for _attempt in range(ATTEMPTS):
+            stat = self.storage.stat(key)
+            if stat is not None and stat.is_dir:
+                raise InvalidWrite(f"{self.storage.describe(key)} is a directory, not a shard")
+            try:
+                with writing:
+                    self._write(key, layout.levels[0] if layout.levels else None, stat, data)
+                return
+            except SourceChanged:
+                continue
+        raise StorageError(f"{self.storage.describe(key)} kept changing; commit not done")
+
+    def _write(
+        self, key: str, level: ShardLevel | None, stat: Stat | None, data: dict[int, Buffer | None]
+    ) -> None:
+        expect: Hashable = ABSENT if stat is None else stat.version
+        if level is None:  # an unsharded array: the object is the chunk
+            content = data[0]
+            if content is not None:
+                self.storage.put(key, [content], expect)
+                self.rewrites += 1
+            elif stat is not None:
+                self.storage.delete(key, expect)
+            return
+        if stat is None:
+            chunks = {s: d for s, d in data.items() if d is not None}
+            if chunks:
+                self.storage.put(key, whole_shard(level, chunks).parts, expect)
+                self.rewrites += 1
+            return
+        index = self._index(key, level, stat)
+        data = {s: d for s, d in data.items() if d is not None or index[s, 1] != EMPTY}
+        if not data:
+            return  # only deletions of chunks the shard does not hold
+        if level.index_at_start:
+            update = self._rewrite(key, level, stat, index, data)
+        else:
+            update = append_update(level, index, stat.size, data)
+        if update.empty:
+            self.storage.delete(key, expect)  # no chunk left: like zarr-python, drop the shard
+        elif update.whole:
+            self.storage.put(key, update.parts, expect)
+            self.rewrites += 1
+        else:
+            self.storage.append(key, update.parts, expect)
+            self.appends += 1
+
+    def _index(self, key: str, level: ShardLevel, stat: Stat) -> np.ndarray:
+        """The shard's current level-0 index, flat, read now (never from a cache)."""
+        size = level.index_size
+        if stat.size < size:
+            raise CorruptData(f"{self.storage.describe(key)}: too short to hold its index")
+        at = 0 if level.index_at_start else stat.size - size
+        raw = self.storage.read(key, at, size, stat.version)
+        try:
+            index = level.index.decode(raw, level.chunks_per_shard).reshape(-1, 2)
+            if level.index_at_start:
+                check_entries(index, size, stat.size)
+            else:
+                check_entries(index, 0, stat.size - size)
+        except CorruptData as e:
+            raise CorruptData(
+                f"{self.storage.describe(key)}: corrupt shard, not written to: {e}"
+            ) from None
+        return index
+
+    def _rewrite(
+        self,
+        key: str,
+        level: ShardLevel,
+        stat: Stat,
+        index: np.ndarray,
+        data: dict[int, Buffer | None],
+    ) -> ShardUpdate:
+        """The shard rewritten whole with `data` applied (its index is at the start)."""
+        old = memoryview(self.storage.read(key, 0, stat.size, stat.version))
+        chunks: dict[int, Buffer] = {}
+        for slot, (offset, nbytes) in enumerate(index.tolist()):
+            if nbytes != int(EMPTY) and slot not in data:
+                chunks[slot] = old[offset : offset + nbytes]
+        chunks.update({s: d for s, d in data.items() if d is not None})
+        return whole_shard(level, chunks)

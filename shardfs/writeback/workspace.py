@@ -1,0 +1,479 @@
+"""The writable view: the source's view plus everything written through the mount.
+
+This is what a read-write mount serves. Reads go to the overlay first
+(buffered files, deleted chunks, directories made by `mkdir`) and then to the
+source's view, so written data is visible at once. Writes land in the
+overlay, classified by the path they are written to:
+
+- a chunk of an array (its key in the view) becomes a pending chunk, which the
+  committer appends to its shard;
+- a metadata document (`zarr.json`, or `.zarray`/`.zattrs`/`.zgroup` in the
+  v2 view) is translated back and stored when it is closed or renamed into
+  place; errors reach the writer as EINVAL;
+- anything else (temp files, stray files) is a scratch file that only the
+  mount holds and that never reaches the source.
+
+The operations writers use are covered: temp file + rename over the key,
+`link` + `unlink` for exclusive creation, `O_TRUNC`, `O_APPEND`, `unlink` of
+a chunk, and `mkdir -p` of chunk directories (which creates nothing in the
+source). Mutations are serialised by one lock and may block; reads never wait
+for a mutation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from shardfs.errors import (
+    AlreadyExists,
+    CannotMove,
+    InvalidWrite,
+    IsADirectory,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    ReadOnly,
+)
+from shardfs.formats import metadata_write as mw
+from shardfs.formats.zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA, Transform
+from shardfs.formats.zarr_v3 import render
+from shardfs.storage.base import ABSENT
+from shardfs.view.hierarchy import METADATA, join
+from shardfs.view.namespace import Attr, Namespace, Node, Reader, Role, View
+from shardfs.writeback.buffer import WriteBuffer
+from shardfs.writeback.commit import Committer
+from shardfs.writeback.overlay import Buffered, Kind, Overlay, ShardRef, Whiteout
+
+V2_DOCS = (ZARRAY, ZATTRS, ZGROUP, ZMETADATA)
+
+
+class Handle:
+    """An open buffered file. It follows its entry through renames and unlinks."""
+
+    def __init__(self, entry: Buffered) -> None:
+        self.entry = entry
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.entry.blob.read(offset, size)
+
+
+class Workspace:
+    def __init__(
+        self, namespace: Namespace, buffer: WriteBuffer, shard_new: int | None = None
+    ) -> None:
+        self.ns = namespace
+        self.storage = namespace.storage
+        self.buffer = buffer
+        self.overlay = Overlay()
+        self.committer = Committer(namespace, self.overlay)
+        namespace.guard = self.committer.wait_idle
+        self.shard_new = shard_new
+        self._mutating = threading.Lock()
+
+    # -- reading ------------------------------------------------------------------------
+
+    def root(self) -> Node:
+        return self.ns.root()
+
+    def resolve(self, path: str) -> Node:
+        node = self.root()
+        for name in filter(None, path.split("/")):
+            node = self.lookup(node, name)
+        return node
+
+    def current(self, node: Node) -> Node:
+        """A directory node as it is now: writes turn directories into groups and arrays."""
+        if node.role in (Role.DIR, Role.GROUP, Role.ARRAY):
+            return self.ns.dir_node(node.path)
+        return node
+
+    def lookup(self, parent: Node, name: str) -> Node:
+        parent = self.current(parent)
+        path = join(parent.path, name)
+        entry = self.overlay.entry(path)
+        if isinstance(entry, Whiteout):
+            raise NotFound(path)
+        if isinstance(entry, Buffered):
+            return self._classify(parent, name)[0]
+        try:
+            return self.ns.lookup(parent, name)
+        except NotFound:
+            if not self._virtual(path):
+                raise
+            return self._dir_in(parent, name)
+
+    def attr(self, node: Node) -> Attr:
+        entry = self.overlay.entry(node.path)
+        if isinstance(entry, Buffered):
+            return Attr(False, entry.blob.size, entry.blob.mtime_ns)
+        if isinstance(entry, Whiteout):
+            raise NotFound(node.path)
+        node = self._fresh_leaf(node)
+        try:
+            return self.ns.attr(node)
+        except NotFound:
+            if not (node.is_dir and self._virtual(node.path)):
+                raise
+            return Attr(True, 0, self._dir_mtime(node.path))
+
+    def listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
+        node = self.current(node)
+        try:
+            listing = self.ns.listdir(node)
+        except NotFound:
+            if not self._virtual(node.path):
+                raise
+            listing = []
+        names = self.overlay.names(node.path)
+        if not names:
+            return listing
+        listing = [item for item in listing if item[0] not in names]
+        for name in names:
+            path = join(node.path, name)
+            entry = self.overlay.entry(path)
+            if isinstance(entry, Whiteout):
+                continue
+            try:
+                child = self.lookup(node, name)
+                listing.append((name, child, self.attr(child)))
+            except NotFound:
+                continue  # gone since the names were taken
+        listing.sort(key=lambda item: item[0])
+        return listing
+
+    def open(self, node: Node, flags: int) -> Reader | Handle:
+        """Open for reading from the source, or for writing into the buffer."""
+        entry = self.overlay.entry(node.path)
+        if isinstance(entry, Whiteout):
+            raise NotFound(node.path)
+        writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC
+        if entry is None and not writing:
+            return self.ns.open(self._fresh_leaf(node))
+        with self._mutating:
+            if entry is None:
+                entry = self._copy_up(self._fresh_leaf(node), keep=not flags & os.O_TRUNC)
+            elif flags & os.O_TRUNC:
+                entry.blob.truncate(0)
+                self.overlay.mark(entry)
+            return self._handle(entry)
+
+    # -- changing the namespace -----------------------------------------------------------
+
+    def create(self, parent: Node, name: str) -> tuple[Node, Attr, Handle]:
+        with self._mutating:
+            node, kind, shard = self._classify(parent, name)
+            entry = Buffered(node.path, self.buffer.new(), kind, shard, node.coords)
+            self.overlay.put(entry)
+            return node, self.attr(node), self._handle(entry)
+
+    def mkdir(self, parent: Node, name: str) -> tuple[Node, Attr]:
+        with self._mutating:
+            parent = self.current(parent)
+            if self._exists(parent, name):
+                raise AlreadyExists(join(parent.path, name))
+            self.overlay.add_dir(join(parent.path, name))
+            node = self._dir_in(parent, name)
+            return node, self.attr(node)
+
+    def rmdir(self, parent: Node, name: str) -> None:
+        with self._mutating:
+            node = self.lookup(parent, name)
+            if not node.is_dir:
+                raise NotADirectory(node.path)
+            if self.listdir(node):
+                raise NotEmpty(node.path)
+            if not self.overlay.is_dir(node.path) and node.role is not Role.CHUNK_DIR:
+                raise ReadOnly(f"{node.path}: directories of the source are not removed")
+            self.overlay.remove_dir(node.path)
+
+    def unlink(self, parent: Node, name: str) -> None:
+        with self._mutating:
+            node = self.lookup(parent, name)
+            if node.is_dir:
+                raise IsADirectory(node.path)
+            self._remove(node)
+
+    def rename(
+        self, parent: Node, name: str, new_parent: Node, new_name: str, noreplace: bool
+    ) -> None:
+        with self._mutating:
+            node = self.lookup(parent, name)
+            if node.is_dir:
+                raise CannotMove(f"{node.path}: directories cannot be renamed in the view")
+            target, kind, shard = self._classify(new_parent, new_name)
+            if target.path == node.path:
+                return
+            self._check_target(new_parent, new_name, replace=not noreplace)
+            entry = self.overlay.entry(node.path)
+            if isinstance(entry, Buffered):
+                self._check_removable(node, entry)
+                content = entry.blob.getvalue() if kind is Kind.METADATA else None
+            else:
+                self._check_removable(node, None)
+                entry = self._copy_up(node, keep=True, track=False)
+                content = entry.blob.getvalue()
+            if kind is Kind.METADATA:
+                assert content is not None
+                self._store_metadata(target, content)
+            else:
+                self._check_chunk(target, kind, entry.blob.size)
+            moving = kind is not Kind.METADATA
+            self._detach(node, release=not moving)
+            if moving:
+                entry.path, entry.kind, entry.shard = target.path, kind, shard
+                entry.coords, entry.committed = target.coords, -1
+                self.overlay.put(entry)
+
+    def link(self, node: Node, new_parent: Node, new_name: str) -> tuple[Node, Attr]:
+        with self._mutating:
+            if node.is_dir:
+                raise IsADirectory(node.path)
+            target, kind, shard = self._classify(new_parent, new_name)
+            self._check_target(new_parent, new_name, replace=False)
+            entry = self.overlay.entry(node.path)
+            source = entry.blob.getvalue() if isinstance(entry, Buffered) else self._content(node)
+            if kind is Kind.METADATA:
+                self._store_metadata(target, source)
+            else:
+                self._check_chunk(target, kind, len(source))
+                copy = Buffered(target.path, self.buffer.new(source), kind, shard, target.coords)
+                self.overlay.put(copy)
+            target = self.lookup(new_parent, new_name)
+            return target, self.attr(target)
+
+    def truncate(self, node: Node, size: int) -> Attr:
+        with self._mutating:
+            entry = self.overlay.entry(node.path)
+            if isinstance(entry, Whiteout):
+                raise NotFound(node.path)
+            if entry is None:
+                entry = self._copy_up(self._fresh_leaf(node), keep=size > 0)
+            entry.blob.truncate(size)
+            self.overlay.mark(entry)
+            return self.attr(node)
+
+    # -- open files ---------------------------------------------------------------------
+
+    def write(self, handle: Handle, offset: int, data: bytes) -> int:
+        handle.entry.blob.write(offset, data)
+        self.overlay.mark(handle.entry)
+        return len(data)
+
+    def flush(self, handle: Handle) -> None:
+        """On close: store a metadata document; tell the writer of a chunk that cannot be stored."""
+        entry = handle.entry
+        if entry.kind is Kind.METADATA and entry.dirty:
+            with self._mutating:
+                if self.overlay.entry(entry.path) is entry:
+                    generation = entry.blob.generation
+                    node = self._classify_path(entry.path)
+                    self._store_metadata(node, entry.blob.getvalue())
+                    entry.committed = generation
+        elif entry.kind is Kind.CHUNK:
+            self._check_chunk(self._classify_path(entry.path), entry.kind, entry.blob.size)
+
+    def release(self, handle: Handle) -> None:
+        entry = handle.entry
+        with self.overlay.lock:
+            entry.handles -= 1
+            if entry.handles:
+                return
+            tracked = self.overlay.entry(entry.path) is entry
+            if tracked and (
+                entry.kind is Kind.METADATA or (entry.kind is Kind.CHUNK and not entry.dirty)
+            ):
+                self.overlay.remove(entry.path)
+                tracked = False
+            if not tracked:
+                entry.blob.release()
+
+    def fsync(self, handle: Handle) -> None:
+        """Make the file durable: commit a chunk's shard now, store a metadata document."""
+        entry = handle.entry
+        if entry.kind is Kind.CHUNK and entry.shard is not None:
+            self.committer.commit(entry.shard)
+        elif entry.kind is Kind.METADATA:
+            self.flush(handle)
+
+    def sync(self) -> int:
+        """Commit everything; returns the number of shards that failed (each logged)."""
+        return self.committer.commit_all(include_open=True)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _handle(self, entry: Buffered) -> Handle:
+        with self.overlay.lock:
+            entry.handles += 1
+        return Handle(entry)
+
+    def _virtual(self, path: str) -> bool:
+        return self.overlay.is_dir(path) or self.overlay.has_children(path)
+
+    def _dir_mtime(self, path: str) -> int:
+        return self.overlay.dir_mtime(path) if self.overlay.is_dir(path) else time.time_ns()
+
+    def _dir_in(self, parent: Node, name: str) -> Node:
+        """The node of a directory that exists only in the overlay."""
+        if parent.role in (Role.ARRAY, Role.CHUNK_DIR):
+            node = self.ns.key_node(self.ns.refresh(parent), name)
+            if node is not None and node.role is Role.CHUNK_DIR:
+                return node
+        return Node(join(parent.path, name), Role.DIR)
+
+    def _fresh_leaf(self, node: Node) -> Node:
+        """A file node classified again: a new `zarr.json` turns its directory into a node."""
+        if node.role in (Role.FILE, Role.METADATA) and node.source is None:
+            return self._classify_path(node.path, lookup=True)
+        return node
+
+    def _classify_path(self, path: str, lookup: bool = False) -> Node:
+        parent_path, _, name = path.rpartition("/")
+        parent = self.resolve(parent_path)
+        return self.ns.lookup(parent, name) if lookup else self._classify(parent, name)[0]
+
+    def _exists(self, parent: Node, name: str) -> bool:
+        try:
+            self.lookup(parent, name)
+        except NotFound:
+            return False
+        return True
+
+    def _check_target(self, parent: Node, name: str, replace: bool) -> None:
+        try:
+            existing = self.lookup(parent, name)
+        except NotFound:
+            return
+        if not replace:
+            raise AlreadyExists(existing.path)
+        if existing.is_dir:
+            raise IsADirectory(existing.path)
+
+    def _classify(self, parent: Node, name: str) -> tuple[Node, Kind, ShardRef | None]:
+        """What a file written at `name` in `parent` is, and where it will be stored."""
+        parent = self.current(parent)
+        path = join(parent.path, name)
+        if parent.role in (Role.ARRAY, Role.CHUNK_DIR):
+            array = self.ns.refresh(parent).array
+            if parent.role is Role.ARRAY and name in array.docs:
+                return Node(path, Role.METADATA, array), Kind.METADATA, None
+            node = self.ns.key_node(self.ns.refresh(parent), name)
+            if node is not None and node.role is Role.CHUNK:
+                shard, _ = array.layout.shard_of(node.coords)
+                return node, Kind.CHUNK, (array.key, shard)
+            return Node(path, Role.FILE), Kind.SCRATCH, None
+        if parent.role is Role.GROUP and name in parent.meta.docs:  # type: ignore[union-attr]
+            return Node(path, Role.METADATA, parent.meta), Kind.METADATA, None
+        documents = V2_DOCS if self.ns.view is View.V2 else (METADATA,)
+        if parent.role in (Role.DIR, Role.GROUP) and name in documents:
+            return Node(path, Role.FILE), Kind.METADATA, None
+        return Node(path, Role.FILE), Kind.SCRATCH, None
+
+    def _kind(self, node: Node) -> tuple[Kind, ShardRef | None]:
+        """What an existing file of the view is, for writing; ReadOnly for other source files."""
+        parent_path, _, name = node.path.rpartition("/")
+        _, kind, shard = self._classify(self.resolve(parent_path), name)
+        if kind is Kind.SCRATCH and node.role is not Role.CHUNK:
+            raise ReadOnly(f"{node.path}: only chunks and metadata of the source can be changed")
+        return kind, shard
+
+    def _copy_up(self, node: Node, keep: bool, track: bool = True) -> Buffered:
+        """A buffered copy of a file of the source, to be changed."""
+        kind, shard = self._kind(node)
+        content = self._content(node) if keep else b""
+        entry = Buffered(node.path, self.buffer.new(content), kind, shard, node.coords)
+        if track:
+            self.overlay.put(entry)
+        return entry
+
+    def _content(self, node: Node) -> bytes:
+        reader = self.ns.open(node)
+        return reader.read(0, reader.size)
+
+    def _check_removable(self, node: Node, entry: Buffered | None) -> None:
+        kind = entry.kind if entry is not None else self._kind(node)[0]
+        if kind is Kind.METADATA:
+            raise ReadOnly(f"{node.path}: metadata documents cannot be removed through the mount")
+
+    def _remove(self, node: Node) -> None:
+        entry = self.overlay.entry(node.path)
+        self._check_removable(node, entry if isinstance(entry, Buffered) else None)
+        self._detach(node, release=True)
+
+    def _detach(self, node: Node, release: bool) -> None:
+        """Take the file at `node` out of the view; a chunk is marked deleted for its shard.
+        Its buffer is freed if `release` and no handle has it open."""
+        entry = self.overlay.remove(node.path)
+        if release and isinstance(entry, Buffered) and entry.handles == 0:
+            entry.blob.release()
+        chunk = entry.shard if isinstance(entry, Buffered) and entry.kind is Kind.CHUNK else None
+        if chunk is None and node.role is Role.CHUNK:
+            chunk = self._kind(node)[1]
+        if chunk is not None:
+            # Even if the source does not hold it yet: a commit may be storing it right now.
+            self.overlay.put(Whiteout(node.path, chunk, node.coords))
+
+    def _check_chunk(self, node: Node, kind: Kind, size: int) -> None:
+        """A chunk the v2 view serves uncompressed must be written back whole."""
+        if kind is not Kind.CHUNK:
+            return
+        v2 = node.array.v2
+        if v2 is not None and v2.transform is Transform.DECODE:
+            assert v2.encoder is not None
+            if size != v2.encoder.nbytes:
+                raise InvalidWrite(
+                    f"{node.path}: an uncompressed chunk of this array has {v2.encoder.nbytes} "
+                    f"bytes, not {size}"
+                )
+
+    # -- metadata -----------------------------------------------------------------------
+
+    def _store_metadata(self, node: Node, raw: bytes) -> None:
+        """Translate a written metadata document back and store it in the source."""
+        directory, _, name = node.path.rpartition("/")
+        key = join(directory, METADATA)
+        stat = self.storage.stat(key)
+        source = None
+        if stat is not None and not stat.is_dir:
+            source = json.loads(self.storage.read(key, 0, stat.size, stat.version))
+        if self.ns.view is View.V3:
+            data = self._v3_document(directory, source, raw)
+        else:
+            data = self._v2_document(directory, name, source, raw)
+        if data is not None:
+            self.storage.put(key, [data], ABSENT if stat is None else stat.version)
+
+    def _v3_document(self, directory: str, source: dict | None, raw: bytes) -> bytes:
+        if source is None:
+            return mw.new_v3(raw, self.shard_new)
+        written = mw.parse_written(raw, "zarr.json")
+        array = self.ns.array_at(directory)
+        if array is None or not array.layout.levels:
+            return mw.new_v3(raw, None)  # a group or unsharded array: stored as written
+        return render(mw.updated_v3(source, json.loads(array.layout.view_metadata), written))
+
+    def _v2_document(
+        self, directory: str, name: str, source: dict | None, raw: bytes
+    ) -> bytes | None:
+        written = mw.parse_written(raw, name)
+        if name == ZMETADATA:
+            return None  # the view consolidates by itself
+        if name == ZGROUP:
+            if source is None:
+                return render({"zarr_format": 3, "node_type": "group", "attributes": {}})
+            if source.get("node_type") != "group":
+                raise InvalidWrite(f"{directory}: .zgroup written over an array")
+            return None
+        if source is None:
+            if name == ZATTRS:
+                raise InvalidWrite(f"{directory}: .zattrs written before .zarray or .zgroup")
+            meta = mw.v3_from_zarray(written)
+            return render(mw.shard(meta, self.shard_new) if self.shard_new else meta)
+        if name == ZATTRS:
+            return render(mw.updated_from_zattrs(source, written))
+        array = self.ns.array_at(directory)
+        if array is None or array.v2 is None:
+            raise InvalidWrite(f"{directory}: .zarray written over a group")
+        return render(mw.updated_from_zarray(source, array.v2.zarray, written))

@@ -1,0 +1,248 @@
+"""Writes through a real read-write mount, by zarr-python 3 (v3 view) and zarr-python 2 (v2 view).
+
+The sources are written by zarr-python 3 (sharded arrays with the index at
+the end and at the start, crc32c and gzip inner chains, v2 chunk keys, an
+unsharded array). Writers then create, overwrite, partially update and delete
+chunks through the mount, and check what they read back through it. After
+the unmount the *source* is read directly by zarr-python 3 and tensorstore
+and compared with numpy arrays the tests updated alongside; the source must
+hold only metadata, shards and the private `.shardfs/` area.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorstore as ts
+import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec
+
+from tests.conftest import Mounted
+from tests.zarr2 import Zarr2
+
+pytestmark = [
+    pytest.mark.fuse,
+    pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec"),
+]
+
+SHAPE = (40, 36)
+
+
+def _initial(seed: int, dtype: str = "uint16") -> np.ndarray:
+    data = np.random.default_rng(seed).integers(1, 1000, SHAPE).astype(dtype)
+    data[24:, :] = 0  # the last shard row is never written: writes must create those shards
+    return data
+
+
+#: name -> (zarr.create_array options, initial data)
+ARRAYS: dict[str, tuple[dict[str, Any], np.ndarray]] = {
+    "end": ({"chunks": (4, 6), "shards": (8, 12)}, _initial(1)),
+    "start": (
+        {
+            "serializer": ShardingCodec(
+                chunk_shape=(4, 6), codecs=[BytesCodec(), GzipCodec()], index_location="start"
+            ),
+            "chunks": (8, 12),
+            "compressors": None,
+        },
+        _initial(2),
+    ),
+    "crc": (
+        {
+            "serializer": ShardingCodec(
+                chunk_shape=(4, 6), codecs=[BytesCodec(), GzipCodec(), Crc32cCodec()]
+            ),
+            "chunks": (8, 12),
+            "compressors": None,
+        },
+        _initial(3),
+    ),
+    "mid": (
+        {
+            "serializer": ShardingCodec(
+                chunk_shape=(4, 6), codecs=[BytesCodec(), Crc32cCodec(), GzipCodec()]
+            ),
+            "chunks": (8, 12),
+            "compressors": None,
+        },
+        _initial(4, "float32"),
+    ),
+    "dots": (
+        {
+            "chunks": (4, 6),
+            "shards": (8, 12),
+            "chunk_key_encoding": {"name": "v2", "separator": "."},
+        },
+        _initial(5),
+    ),
+    "plain": ({"chunks": (4, 6)}, _initial(6)),
+}
+
+
+#: (region, value) written in turn by every writer test.
+UPDATES: list[tuple[tuple[slice, slice], int]] = [
+    ((slice(0, 4), slice(0, 6)), 7),  # one whole chunk overwritten
+    ((slice(2, 11), slice(5, 20)), 9),  # partial updates across chunks and shards
+    ((slice(4, 8), slice(6, 12)), 0),  # a chunk set to the fill value: deleted
+    ((slice(28, 32), slice(30, 36)), 5),  # a chunk of a shard that does not exist yet
+]
+
+
+def make_source(root: Path) -> dict[str, np.ndarray]:
+    group = zarr.open_group(root, mode="w", attributes={"made_by": "zarr-python 3"})
+    expected = {}
+    for name, (options, data) in ARRAYS.items():
+        array = group.create_array(name, shape=SHAPE, dtype=data.dtype, fill_value=0, **options)
+        array[:] = data
+        expected[name] = data.copy()
+    return expected
+
+
+def source_files(root: Path) -> list[str]:
+    """Every file of the source outside the private area, relative to the root."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        if Path(dirpath) == root:
+            dirnames[:] = [d for d in dirnames if d != ".shardfs"]
+        found += [os.path.relpath(os.path.join(dirpath, f), root) for f in filenames]
+    return sorted(found)
+
+
+def assert_clean(root: Path) -> None:
+    """Only metadata and shards (or plain chunk objects) in the source; no commit left open."""
+    for path in source_files(root):
+        name = path.rpartition("/")[2]
+        key = path.partition("/")[2].replace(".", "/")
+        assert name == "zarr.json" or all(p.isdigit() or p == "c" for p in key.split("/")), (
+            f"stray file in the source: {path}"
+        )
+    private = root / ".shardfs"
+    if private.exists():
+        assert not any((private / "journal").iterdir()), "a journal entry was left behind"
+        assert not any((private / "tmp").iterdir()), "a temp file was left behind"
+
+
+def assert_source(root: Path, expected: dict[str, np.ndarray]) -> None:
+    """The source read directly, by zarr-python 3 and by tensorstore, holds `expected`."""
+    for name, data in expected.items():
+        np.testing.assert_array_equal(zarr.open_array(root / name, mode="r")[...], data, name)
+        store = ts.open({"driver": "zarr3", "kvstore": f"file://{root}/{name}"}).result()
+        np.testing.assert_array_equal(store.read().result(), data, name)
+
+
+def test_zarr_python_3_writes_through_the_v3_view(tmp_path: Path, mount) -> None:
+    source = tmp_path / "src"
+    expected = make_source(source)
+    end_shard = source / "end" / "c" / "0" / "0"
+    inode = end_shard.stat().st_ino
+    mounted: Mounted = mount(source)
+    for name, data in expected.items():
+        array = zarr.open_array(mounted.path / name, mode="r+")
+        for region, value in UPDATES:
+            array[region] = value
+            data[region] = value
+        # Seen through the mount at once, before any commit.
+        np.testing.assert_array_equal(zarr.open_array(mounted.path / name, mode="r")[...], data)
+    assert not (mounted.path / "end" / "c" / "1" / "1").exists()  # deleted chunk: no file
+    mounted.stop()
+    assert "ERROR" not in mounted.log(), mounted.log()
+    assert_source(source, expected)
+    assert_clean(source)
+    assert end_shard.stat().st_ino == inode, "the index-at-end shard was rewritten, not appended to"
+
+
+def test_zarr_python_2_writes_through_the_v2_view(tmp_path: Path, mount, zarr2: Zarr2) -> None:
+    source = tmp_path / "src"
+    expected = make_source(source)
+    mounted: Mounted = mount(source, "view=v2")
+    script = """
+        import zarr, numpy as np
+        out = {}
+        for name in params["names"]:
+            a = zarr.open_array(params["root"] + "/" + name, mode="r+")
+            a[0:4, 0:6] = 7
+            a[2:11, 5:20] = 9
+            a[4:8, 6:12] = 0
+            a[28:32, 30:36] = 5
+            b = zarr.open_array(params["root"] + "/" + name, mode="r")
+            out[name] = b[...].tolist()
+        print(json.dumps(out))
+    """
+    seen = zarr2.run(script, root=str(mounted.path), names=list(expected))
+    for name, data in expected.items():
+        for region, value in UPDATES:
+            data[region] = value
+        np.testing.assert_array_equal(np.asarray(seen[name], dtype=data.dtype), data, name)
+    mounted.stop()
+    assert "ERROR" not in mounted.log(), mounted.log()
+    assert_source(source, expected)
+    assert_clean(source)
+
+
+def test_metadata_changes_are_stored_in_the_sharded_metadata(tmp_path: Path, mount) -> None:
+    source = tmp_path / "src"
+    expected = make_source(source)
+    mounted: Mounted = mount(source)
+    array = zarr.open_array(mounted.path / "end", mode="r+")
+    array.attrs["unit"] = "nm"
+    array.resize((48, 36))
+    array[40:48, :] = 3
+    data = np.zeros((48, 36), dtype="uint16")
+    data[:40] = expected["end"]
+    data[40:] = 3
+    expected["end"] = data
+    group = zarr.open_group(mounted.path, mode="r+")
+    group.attrs["edited"] = True
+
+    # Another chunk shape cannot be expressed without rewriting every shard.
+    view = json.loads((mounted.path / "end" / "zarr.json").read_text())
+    view["chunk_grid"]["configuration"]["chunk_shape"] = [8, 6]
+    with pytest.raises(OSError) as info:
+        (mounted.path / "end" / "zarr.json").write_text(json.dumps(view))
+    assert info.value.errno == errno.EINVAL
+    mounted.stop()
+
+    stored = json.loads((source / "end" / "zarr.json").read_text())
+    assert stored["shape"] == [48, 36]
+    assert stored["attributes"] == {"unit": "nm"}
+    assert stored["codecs"][0]["name"] == "sharding_indexed"  # still sharded
+    assert stored["chunk_grid"]["configuration"]["chunk_shape"] == [8, 12]
+    assert json.loads((source / "zarr.json").read_text())["attributes"]["edited"] is True
+    assert "chunk_shape" in mounted.log() and "cannot change" in mounted.log()
+    assert_source(source, expected)
+
+
+def test_new_arrays_are_stored_sharded_with_shard_new(tmp_path: Path, mount, zarr2: Zarr2) -> None:
+    source = tmp_path / "src"
+    zarr.open_group(source, mode="w")
+    data = np.arange(30 * 20, dtype="int32").reshape(30, 20)
+    v3 = mount(source, "shard_new=2")
+    array = zarr.create_array(v3.path / "new3", shape=data.shape, chunks=(5, 4), dtype="int32")
+    array[:] = data
+    v3.stop()
+    v2 = mount(source, "shard_new=3", "view=v2")
+    zarr2.run(
+        """
+        import zarr, numpy as np
+        a = zarr.open_array(params["path"], mode="w", shape=(30, 20), chunks=(5, 4), dtype="<i4")
+        a[:] = np.arange(600, dtype="<i4").reshape(30, 20)
+        g = zarr.open_group(params["group"], mode="w")
+        g.attrs["x"] = 1
+        """,
+        path=str(v2.path / "new2"),
+        group=str(v2.path / "sub"),
+    )
+    v2.stop()
+    for name, per_shard in (("new3", 2), ("new2", 3)):
+        meta = json.loads((source / name / "zarr.json").read_text())
+        assert meta["codecs"][0]["name"] == "sharding_indexed", name
+        assert meta["chunk_grid"]["configuration"]["chunk_shape"] == [5 * per_shard, 4 * per_shard]
+    assert json.loads((source / "sub" / "zarr.json").read_text())["attributes"] == {"x": 1}
+    assert_source(source, {"new3": data, "new2": data})
+    assert_clean(source)
