@@ -246,3 +246,61 @@ def test_new_arrays_are_stored_sharded_with_shard_new(tmp_path: Path, mount, zar
     assert json.loads((source / "sub" / "zarr.json").read_text())["attributes"] == {"x": 1}
     assert_source(source, {"new3": data, "new2": data})
     assert_clean(source)
+
+
+def test_file_operations_of_plain_tools(tmp_path: Path, mount) -> None:
+    """What shells and legacy writers do, through the kernel: O_TRUNC, O_APPEND, link,
+    mkdir -p, fsync (durable at once), and scratch files that never reach the source."""
+    source = tmp_path / "src"
+    group = zarr.open_group(source, mode="w")
+    array = group.create_array(
+        "a", shape=(16, 16), chunks=(4, 4), shards=(8, 8), dtype="<u4", compressors=None
+    )
+    array[:] = 1
+    array[0:4, 4:8] = 0  # chunk (0, 1) does not exist
+    mounted: Mounted = mount(source, "flush_interval=3600")
+    root = mounted.path
+
+    def chunk(value: int) -> bytes:
+        return np.full((4, 4), value, dtype="<u4").tobytes()
+
+    # O_APPEND: two halves make one chunk.
+    with open(root / "a/c/0/0", "wb") as f:
+        f.write(chunk(2)[:32])
+    with open(root / "a/c/0/0", "ab") as f:
+        f.write(chunk(2)[32:])
+    # link + unlink, as zarr-python 3's exclusive create does.
+    (root / "a/c/0/1.tmp").write_bytes(chunk(3))
+    with pytest.raises(FileExistsError):
+        os.link(root / "a/c/0/1.tmp", root / "a/c/0/0")
+    os.link(root / "a/c/0/1.tmp", root / "a/c/0/1")
+    os.unlink(root / "a/c/0/1.tmp")
+    # mkdir -p of chunk directories that already exist, and scratch files.
+    os.makedirs(root / "a/c/3", exist_ok=True)
+    os.makedirs(root / "scratch/deeper")
+    (root / "scratch/deeper/notes.txt").write_text("never stored")
+    assert (root / "scratch/deeper/notes.txt").read_text() == "never stored"
+    assert sorted(os.listdir(root / "a/c/0")) == ["0", "1", "2", "3"]
+
+    # fsync of a chunk commits its shard before it returns.
+    shard = source / "a/c/0/0"
+    size = shard.stat().st_size
+    fd = os.open(root / "a/c/0/0", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert shard.stat().st_size > size
+    assert (zarr.open_array(source / "a", mode="r")[0:4, 0:8] == [[2] * 4 + [3] * 4] * 4).all()
+
+    # O_TRUNC through `shardfs umount`, which commits before unmounting.
+    (root / "a/c/3/3").write_bytes(chunk(9))
+    os.unlink(root / "a/c/1/1")
+    from shardfs.cli import main
+
+    assert main(["umount", str(root)]) == 0
+    mounted.process.wait(timeout=30)
+    values = zarr.open_array(source / "a", mode="r")[...]
+    assert (values[12:16, 12:16] == 9).all() and (values[4:8, 4:8] == 0).all()
+    assert not (source / "scratch").exists()
+    assert_clean(source)

@@ -195,6 +195,8 @@ class Overlay:
                     del self._entries[entry.path]
                     if entry.path not in self._dirs:
                         self._unlink(entry.path)
+                    if isinstance(entry, Buffered):
+                        entry.blob.release()
             if dirty is not None and not dirty.chunks:
                 del self._dirty[shard]
 

@@ -1,0 +1,169 @@
+"""The writable view as a library, without FUSE: what writers do, buffered and committed.
+
+Sources are written by zarr-python 3; the workspace gets the file operations
+writers issue (temp file + rename, link + unlink, O_TRUNC, unlink, mkdir);
+after a commit the source is read directly by zarr-python 3.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec
+
+from shardfs.errors import AlreadyExists, CannotMove, InvalidWrite, NotFound, ReadOnly
+from shardfs.storage import LocalStorage
+from shardfs.view import Namespace, Node, View
+from shardfs.writeback import Handle, Workspace, WriteBuffer
+
+CHUNK = (4, 4)
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    group = zarr.open_group(root, mode="w")
+    a = group.create_array(
+        "a", shape=(16, 16), chunks=CHUNK, shards=(8, 8), dtype="<u4", compressors=None
+    )
+    a[:8, :8] = np.arange(64, dtype="<u4").reshape(8, 8)  # one shard of four
+    mid = ShardingCodec(chunk_shape=CHUNK, codecs=[BytesCodec(), Crc32cCodec(), GzipCodec()])
+    b = group.create_array(
+        "b", shape=(8, 8), chunks=(8, 8), serializer=mid, dtype="<u4", compressors=None
+    )
+    b[:] = 1
+    (root / "README").write_text("not a node")
+    return root
+
+
+def workspace(root: Path, view: View = View.V3, budget: int = 1 << 20) -> Workspace:
+    storage = LocalStorage(root)
+    namespace = Namespace(storage, view=view, serve_plain=True)
+    return Workspace(namespace, WriteBuffer(budget, str(root.parent / "spool")))
+
+
+def chunk(value: int) -> bytes:
+    return np.full(CHUNK, value, dtype="<u4").tobytes()
+
+
+def write_file(ws: Workspace, path: str, data: bytes) -> Node:
+    """Create `path` (its directory must exist in the view), write it, close it."""
+    parent_path, _, name = path.rpartition("/")
+    node, _, handle = ws.create(ws.resolve(parent_path), name)
+    ws.write(handle, 0, data)
+    ws.flush(handle)
+    ws.release(handle)
+    return node
+
+
+def read(ws: Workspace, path: str) -> bytes:
+    node = ws.resolve(path)
+    handle = ws.open(node, os.O_RDONLY)
+    data = handle.read(0, ws.attr(node).size + 1)
+    if isinstance(handle, Handle):
+        ws.release(handle)
+    return data
+
+
+def test_rename_over_a_chunk_is_buffered_then_appended(source: Path) -> None:
+    ws = workspace(source)
+    shard = source / "a" / "c" / "0" / "0"
+    before = shard.read_bytes()
+    write_file(ws, "a/c/0/1.1234.partial", chunk(7))
+    ws.rename(ws.resolve("a/c/0"), "1.1234.partial", ws.resolve("a/c/0"), "1", noreplace=False)
+    assert read(ws, "a/c/0/1") == chunk(7)  # visible at once
+    with pytest.raises(NotFound):
+        ws.resolve("a/c/0/1.1234.partial")
+    assert shard.read_bytes() == before  # nothing committed yet
+    assert ws.sync() == 0
+    after = shard.read_bytes()
+    assert after.startswith(before) and len(after) > len(before)  # an append, not a rewrite
+    values = zarr.open_array(source / "a", mode="r")[...]
+    assert (values[0:4, 4:8] == 7).all()
+    assert (values[4:8, 0:4] == np.arange(64).reshape(8, 8)[4:8, 0:4]).all()
+    assert ws.committer.appends == 1
+
+
+def test_link_then_unlink_creates_exclusively(source: Path) -> None:
+    ws = workspace(source)
+    directory = ws.resolve("a/c/0")
+    write_file(ws, "a/c/0/2.tmp", chunk(3))
+    with pytest.raises(AlreadyExists):
+        ws.link(ws.resolve("a/c/0/2.tmp"), directory, "0")  # chunk (0, 0) exists
+    ws.link(ws.resolve("a/c/0/2.tmp"), directory, "2")
+    ws.unlink(directory, "2.tmp")
+    assert ws.sync() == 0
+    assert (zarr.open_array(source / "a", mode="r")[0:4, 8:12] == 3).all()
+
+
+def test_truncating_open_and_unlink(source: Path) -> None:
+    ws = workspace(source)
+    handle = ws.open(ws.resolve("a/c/1/1"), os.O_WRONLY | os.O_TRUNC)
+    assert ws.attr(ws.resolve("a/c/1/1")).size == 0
+    ws.write(handle, 0, chunk(9))
+    ws.release(handle)
+    ws.unlink(ws.resolve("a/c/0"), "0")
+    with pytest.raises(NotFound):
+        ws.resolve("a/c/0/0")
+    assert "0" not in [name for name, _, _ in ws.listdir(ws.resolve("a/c/0"))]
+    assert ws.sync() == 0
+    values = zarr.open_array(source / "a", mode="r")[...]
+    assert (values[4:8, 4:8] == 9).all() and (values[0:4, 0:4] == 0).all()
+
+
+def test_mkdir_and_scratch_files_never_reach_the_source(source: Path) -> None:
+    ws = workspace(source)
+    ws.mkdir(ws.resolve("a/c"), "3")
+    with pytest.raises(AlreadyExists):
+        ws.mkdir(ws.resolve("a/c"), "3")
+    ws.mkdir(ws.resolve("a/c/3"), "3")  # a chunk directory that holds no chunk yet
+    ws.mkdir(ws.resolve(""), "tmp")
+    write_file(ws, "tmp/notes.txt", b"scratch")
+    write_file(ws, "a/c/3/3.partial", b"temp")
+    assert read(ws, "tmp/notes.txt") == b"scratch"
+    assert ws.sync() == 0
+    assert not (source / "tmp").exists()
+    assert not (source / "a" / "c" / "3").exists()
+    with pytest.raises(CannotMove):
+        ws.rename(ws.resolve(""), "tmp", ws.resolve(""), "tmp2", noreplace=False)
+
+
+def test_source_files_and_metadata_are_protected(source: Path) -> None:
+    ws = workspace(source)
+    with pytest.raises(ReadOnly):
+        ws.open(ws.resolve("README"), os.O_WRONLY)
+    with pytest.raises(ReadOnly):
+        ws.unlink(ws.resolve("a"), "zarr.json")
+
+
+def test_v2_view_writes_get_back_the_source_codecs(source: Path) -> None:
+    ws = workspace(source, View.V2)
+    # "b" has crc32c in the middle of its chain: the v2 view serves it decoded.
+    # Its v2 chunk keys are "i/j" (the source uses "/"), its chunks 4x4 raw values.
+    directory = ws.resolve("b/1")
+    write_file(ws, "b/1/0.tmp", b"short")
+    with pytest.raises(InvalidWrite):
+        ws.rename(directory, "0.tmp", directory, "0", noreplace=False)
+    write_file(ws, "b/1/0.tmp", chunk(5))
+    ws.rename(directory, "0.tmp", directory, "0", noreplace=False)
+    assert read(ws, "b/1/0") == chunk(5)
+    assert ws.sync() == 0
+    values = zarr.open_array(source / "b", mode="r")[...]
+    assert (values[4:8, 0:4] == 5).all() and (values[0:4, :] == 1).all()
+
+
+def test_a_full_buffer_spills_and_loses_nothing(source: Path) -> None:
+    ws = workspace(source, budget=200)
+    ws.mkdir(ws.resolve("a/c"), "3")
+    for j in range(4):
+        write_file(ws, f"a/c/3/{j}", chunk(10 + j))  # 64 bytes each; a new shard row
+    assert ws.buffer.spilled > 0 and ws.buffer.full.is_set()
+    assert read(ws, "a/c/3/0") == chunk(10)
+    assert ws.sync() == 0
+    assert not os.listdir(ws.buffer.spool_dir)  # committed blobs free their spool files
+    values = zarr.open_array(source / "a", mode="r")[12:16, :]
+    assert all((values[:, 4 * j : 4 * j + 4] == 10 + j).all() for j in range(4))
