@@ -161,7 +161,7 @@ def test_a_full_buffer_spills_and_loses_nothing(source: Path) -> None:
     ws.mkdir(ws.resolve("a/c"), "3")
     for j in range(4):
         write_file(ws, f"a/c/3/{j}", chunk(10 + j))  # 64 bytes each; a new shard row
-    assert ws.buffer.spilled > 0 and ws.buffer.full.is_set()
+    assert ws.buffer.spilled > 0 and ws.buffer.pressure.is_set()
     assert read(ws, "a/c/3/0") == chunk(10)
     assert ws.sync() == 0
     assert not os.listdir(ws.buffer.spool_dir)  # committed blobs free their spool files

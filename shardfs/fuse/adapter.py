@@ -38,6 +38,7 @@ from shardfs.fuse.inodes import InodeTable
 from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.view import Attr, Namespace, Node, Reader
 from shardfs.writeback import Handle, Workspace
+from shardfs.writeback.overlay import Kind
 
 log = logging.getLogger("shardfs")
 
@@ -269,7 +270,11 @@ class Operations(pyfuse3.Operations):
     async def flush(self, fh: int) -> None:
         handle = self._handles[fh]
         if isinstance(handle, Handle):
-            await self._thread(self._writable().flush, handle)
+            # Only a metadata document is stored on close (I/O, under the workspace lock).
+            if handle.entry.kind is Kind.METADATA:
+                await self._thread(self._writable().flush, handle)
+            else:
+                await self._run(self._writable().flush, handle)
 
     @_errors
     async def fsync(self, fh: int, datasync: bool) -> None:

@@ -112,8 +112,9 @@ class Blob:
 class WriteBuffer:
     """Owner of every blob's memory (`budget` bytes) and of the spool directory.
 
-    `full` tells the committer to start committing: it is set whenever memory
-    use crosses the budget and blobs had to be spilled.
+    `pressure` tells the committer to commit everything now: it is set once
+    memory use passes half the budget, so that commits usually free memory
+    before anything has to be spilled.
     """
 
     def __init__(self, budget: int, spool_dir: str | None = None) -> None:
@@ -127,7 +128,7 @@ class WriteBuffer:
         )  #: in memory, least recently grown first
         self.used = 0
         self.spilled = 0
-        self.full = threading.Event()
+        self.pressure = threading.Event()
         self._names = itertools.count()
 
     def new(self, data: bytes = b"") -> Blob:
@@ -143,6 +144,8 @@ class WriteBuffer:
     def _charge(self, blob: Blob, delta: int) -> None:
         with self._lock:
             self.used += delta
+            if self.used > self.budget // 2:
+                self.pressure.set()
             self._blobs.pop(id(blob), None)
             if blob._memory is not None or delta > 0:
                 self._blobs[id(blob)] = blob
@@ -163,7 +166,6 @@ class WriteBuffer:
             with self._lock:
                 self.used -= freed
                 self.spilled += freed
-            self.full.set()
 
     # -- spool files (one per spilled blob) ------------------------------------
 

@@ -42,7 +42,7 @@ from shardfs.formats.zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA, Transform
 from shardfs.formats.zarr_v3 import render
 from shardfs.storage.base import ABSENT
 from shardfs.view.hierarchy import METADATA, join
-from shardfs.view.namespace import Attr, Namespace, Node, Reader, Role, View
+from shardfs.view.namespace import ArrayView, Attr, Namespace, Node, Reader, Role, View
 from shardfs.writeback.buffer import WriteBuffer
 from shardfs.writeback.commit import Committer
 from shardfs.writeback.overlay import Buffered, Kind, Overlay, ShardRef, Whiteout
@@ -218,8 +218,8 @@ class Workspace:
             if kind is Kind.METADATA:
                 assert content is not None
                 self._store_metadata(target, content)
-            else:
-                self._check_chunk(target, kind, entry.blob.size)
+            elif kind is Kind.CHUNK:
+                self._check_chunk(target.array, target.path, entry.blob.size)
             moving = kind is not Kind.METADATA
             self._detach(node, release=not moving)
             if moving:
@@ -238,7 +238,8 @@ class Workspace:
             if kind is Kind.METADATA:
                 self._store_metadata(target, source)
             else:
-                self._check_chunk(target, kind, len(source))
+                if kind is Kind.CHUNK:
+                    self._check_chunk(target.array, target.path, len(source))
                 copy = Buffered(target.path, self.buffer.new(source), kind, shard, target.coords)
                 self.overlay.put(copy)
             target = self.lookup(new_parent, new_name)
@@ -272,8 +273,10 @@ class Workspace:
                     node = self._classify_path(entry.path)
                     self._store_metadata(node, entry.blob.getvalue())
                     entry.committed = generation
-        elif entry.kind is Kind.CHUNK:
-            self._check_chunk(self._classify_path(entry.path), entry.kind, entry.blob.size)
+        elif entry.kind is Kind.CHUNK and entry.shard is not None:
+            array = self.ns.array_at(entry.shard[0])
+            if array is not None:
+                self._check_chunk(array, entry.path, entry.blob.size)
 
     def release(self, handle: Handle) -> None:
         entry = handle.entry
@@ -415,16 +418,15 @@ class Workspace:
             # Even if the source does not hold it yet: a commit may be storing it right now.
             self.overlay.put(Whiteout(node.path, chunk, node.coords))
 
-    def _check_chunk(self, node: Node, kind: Kind, size: int) -> None:
+    @staticmethod
+    def _check_chunk(array: ArrayView, path: str, size: int) -> None:
         """A chunk the v2 view serves uncompressed must be written back whole."""
-        if kind is not Kind.CHUNK:
-            return
-        v2 = node.array.v2
+        v2 = array.v2
         if v2 is not None and v2.transform is Transform.DECODE:
             assert v2.encoder is not None
             if size != v2.encoder.nbytes:
                 raise InvalidWrite(
-                    f"{node.path}: an uncompressed chunk of this array has {v2.encoder.nbytes} "
+                    f"{path}: an uncompressed chunk of this array has {v2.encoder.nbytes} "
                     f"bytes, not {size}"
                 )
 
