@@ -8,6 +8,7 @@ compared with what was written.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from collections.abc import Iterator
@@ -188,3 +189,13 @@ def test_untranslatable_document_is_shown_unchanged_with_a_log_line(
     np.testing.assert_array_equal(
         zarr.open_array(mounted.path / "deep/plain", mode="r")[...], values("deep/plain")
     )
+
+
+def test_draft_sources_are_mounted_read_only(source: Source, tmp_path: Path, mount: Any) -> None:
+    mounted = mount(source.path)  # no option: read-only, with a warning
+    with pytest.raises(OSError) as info:
+        (mounted.path / "image" / "zarr.json").write_text("{}")
+    assert info.value.errno == errno.EROFS
+    assert "draft Zarr v3 source: mounted read-only" in mounted.log()
+    with pytest.raises(RuntimeError, match="cannot be written"):
+        mount(source.path, "rw")

@@ -176,7 +176,10 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
         hierarchy = open_source(args.source)
         storage = hierarchy.storage
         if not options.read_only and hierarchy.translates:
-            raise UsageError(f"{args.source} is a draft Zarr v3 source: mount it with -o ro")
+            if "rw" in options.given:
+                raise UsageError(f"{args.source} is a draft Zarr v3 source: it cannot be written")
+            log.warning("%s is a draft Zarr v3 source: mounted read-only", args.source)
+            options.read_only = True
         namespace = Namespace(
             storage,
             index_cache=options.index_cache,
