@@ -21,9 +21,10 @@ import time
 from collections.abc import Sequence
 
 from shardfs import __version__
-from shardfs.cli.options import MountOptions, parse_options
+from shardfs.cli.options import MountOptions, parse_options, parse_size
 from shardfs.errors import InvalidMetadata, ShardfsError, UsageError
 from shardfs.fuse.mounts import mount_type, unmount
+from shardfs.maintenance import DEFAULT_MIN_DEAD, DEFAULT_THRESHOLD, Policy, Progress, compact, fsck
 from shardfs.storage import LocalStorage
 from shardfs.view.hierarchy import Hierarchy, open_hierarchy
 
@@ -57,6 +58,57 @@ def _parser() -> argparse.ArgumentParser:
     mount.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     umount = commands.add_parser("umount", help="unmount MOUNTPOINT")
     umount.add_argument("mountpoint")
+    check = commands.add_parser(
+        "fsck",
+        help="check the shards of SOURCE and report their dead space",
+        description=(
+            "Check every shard of the sharded arrays of SOURCE: its index has the right "
+            "size and crc32c and points inside the shard. Appends that a crashed writer "
+            "left torn are rolled back first (always safe; mounts may stay up). Prints per "
+            "array the shards, live bytes and dead bytes (left behind by appends; "
+            "`shardfs compact` frees them). Exit status: 0 no damage (or all repaired), "
+            "1 damaged shards left, 2 usage error."
+        ),
+    )
+    check.add_argument("source", help="a local directory holding a Zarr v3 hierarchy")
+    check.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="change nothing: report unfinished appends instead of rolling them back",
+    )
+    rewrite = commands.add_parser(
+        "compact",
+        help="rewrite shards of SOURCE that are mostly dead space",
+        description=(
+            "Rewrite the shards of SOURCE whose dead space (old chunks and indexes that "
+            "appends left behind) is over both limits, with only their live chunks, copied "
+            "byte for byte. Safe while SOURCE is mounted, also read-write: a shard changed "
+            "meanwhile is read again; files of moved chunks that a mount holds open then "
+            "fail with EIO. Corrupt shards are reported and left as they are. Exit status: "
+            "0 done, 1 corrupt or unreadable shards, 2 usage error."
+        ),
+    )
+    rewrite.add_argument("source", help="a local directory holding a Zarr v3 hierarchy")
+    rewrite.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        metavar="FRACTION",
+        help=(
+            "rewrite a shard when more than this fraction of it is dead, in [0, 1) (default "
+            "%(default)s: a rewrite then copies at most as many bytes as it frees, and no "
+            "shard stays over twice its live size)"
+        ),
+    )
+    rewrite.add_argument(
+        "--min-dead",
+        default=f"{DEFAULT_MIN_DEAD >> 10}K",
+        metavar="SIZE",
+        help=(
+            "... and at least SIZE bytes of it are dead, with an optional K/M/G suffix "
+            "(default %(default)s: below that a rewrite costs more than it frees)"
+        ),
+    )
     return parser
 
 
@@ -65,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "mount":
             return _mount(args)
+        if args.command == "fsck":
+            return _fsck(args)
+        if args.command == "compact":
+            return _compact(args)
         return _umount(args.mountpoint)
     except ShardfsError as e:
         print(f"shardfs: {e}", file=sys.stderr)
@@ -301,3 +357,34 @@ def _sync(mountpoint: str) -> None:
         )
     finally:
         os.close(fd)
+
+
+# -- fsck and compact -----------------------------------------------------------------
+
+
+def _fsck(args: argparse.Namespace) -> int:
+    """Exit 0 if no damage is left, 1 if some is; usage errors are 2 here, because 1 means damage."""
+    try:
+        storage = open_source(args.source).storage
+    except UsageError as e:
+        print(f"shardfs: {e}", file=sys.stderr)
+        return 2
+    with Progress("fsck", sys.stderr) as progress:
+        report = fsck(storage, repair=not args.dry_run, progress=progress)
+    print("\n".join(report.lines()))
+    return 0 if report.clean else 1
+
+
+def _compact(args: argparse.Namespace) -> int:
+    """Exit 0 if every shard was compacted or left alone on purpose, 1 if some are corrupt or
+    unreadable, 2 on usage errors (as for fsck)."""
+    try:
+        policy = Policy(args.threshold, parse_size(args.min_dead))
+        storage = open_source(args.source).storage
+    except (UsageError, ValueError) as e:  # ValueError: Policy refuses the threshold
+        print(f"shardfs: {e}", file=sys.stderr)
+        return 2
+    with Progress("compact", sys.stderr) as progress:
+        report = compact(storage, policy, progress)
+    print("\n".join(report.lines()))
+    return 0 if report.ok else 1

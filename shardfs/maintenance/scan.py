@@ -1,0 +1,244 @@
+"""Finding the shards of a source and reading their indexes fresh, for fsck and compact.
+
+Both commands work on the source itself, never through a mount, and only
+through the `Storage` interface. A shard's index is always read from storage
+pinned to the version just stat'ed, never from a cache, because the source may
+be mounted read-write meanwhile: a mount's append changes the version, and a
+half-written append must not be taken for damage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardfs.errors import (
+    CorruptData,
+    InvalidMetadata,
+    NotADirectory,
+    NotFound,
+    SourceChanged,
+    StorageError,
+)
+from shardfs.formats.shard_index import EMPTY, check_entries
+from shardfs.formats.zarr_v3 import (
+    ShardedLayout,
+    ShardLevel,
+    Unshardable,
+    parse_node,
+    sharded_layout,
+)
+from shardfs.storage.base import Entry, Stat, Storage
+from shardfs.view.hierarchy import ZarrV3, join, open_hierarchy
+
+#: How often a shard is read again when writers keep changing it.
+ATTEMPTS = 8
+
+
+class KeptChanging(StorageError):
+    """Other writers changed a shard every time it was read; it was left for a later run."""
+
+
+@dataclass(frozen=True)
+class ShardedArray:
+    """A `sharding_indexed` array and the keys of the shard objects found in its directory."""
+
+    path: str
+    layout: ShardedLayout
+    shards: list[str]
+
+    @property
+    def level(self) -> ShardLevel:
+        """The outer sharding level: the only one fsck checks and compact rewrites."""
+        return self.layout.levels[0]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A node that was not looked at, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Inventory:
+    arrays: list[ShardedArray]
+    skipped: list[Skipped]
+
+    @property
+    def shard_count(self) -> int:
+        return sum(len(a.shards) for a in self.arrays)
+
+
+def display(path: str) -> str:
+    """A node path as reports show it: "/" for the root, "/a/b" below it."""
+    return "/" + path
+
+
+def find_shards(storage: Storage) -> Inventory:
+    """Every sharded array of the source's hierarchy with its shard keys, in path order.
+
+    Directories without `zarr.json` are searched too, since a stray directory
+    may still hold arrays below it. Arrays whose metadata
+    cannot be understood are skipped with the reason; unsharded arrays are
+    left out. Draft v3 sources are not supported.
+    """
+    hierarchy = open_hierarchy(storage)
+    if not isinstance(hierarchy, ZarrV3):
+        return Inventory([], [Skipped("", "draft Zarr v3 sources are not supported")])
+    arrays: list[ShardedArray] = []
+    skipped: list[Skipped] = []
+    pending = [""]
+    while pending:
+        path = pending.pop()
+        doc = hierarchy.find(path)
+        if doc is not None:
+            assert doc.key is not None  # a final v3 node always has its zarr.json
+            try:
+                meta = parse_node(_read_whole(storage, doc.key))
+                if meta["node_type"] == "array":
+                    layout = sharded_layout(meta)
+                    if layout is not None:
+                        arrays.append(
+                            ShardedArray(path, layout, _shard_keys(storage, path, layout))
+                        )
+                    continue
+            except (InvalidMetadata, Unshardable) as e:
+                skipped.append(Skipped(path, str(e)))
+                continue
+        pending += [join(path, e.name) for e in _list(storage, path) if e.stat.is_dir]
+    arrays.sort(key=lambda a: a.path)
+    skipped.sort(key=lambda s: s.path)
+    return Inventory(arrays, skipped)
+
+
+def _read_whole(storage: Storage, key: str) -> bytes:
+    """The whole object, of one version even if writers replace it meanwhile."""
+    for _attempt in range(ATTEMPTS):
+        stat = storage.stat(key)
+        if stat is None or stat.is_dir:
+            raise InvalidMetadata(f"{storage.describe(key)} vanished while it was read")
+        try:
+            return storage.read(key, 0, stat.size, stat.version)
+        except SourceChanged:
+            continue
+    raise KeptChanging(f"{storage.describe(key)} kept changing while it was read")
+
+
+def _list(storage: Storage, key: str) -> list[Entry]:
+    """The entries of a directory; none if it vanished (a writer removed it meanwhile)."""
+    try:
+        return storage.list(key)
+    except (NotFound, NotADirectory):
+        return []
+
+
+def _shard_keys(storage: Storage, path: str, layout: ShardedLayout) -> list[str]:
+    """The keys of the shard objects below the array directory `path`, sorted."""
+    keys, ndim = layout.keys, layout.ndim
+    if not keys.nested:
+        return sorted(
+            join(path, e.name)
+            for e in _list(storage, path)
+            if not e.stat.is_dir and keys.decode(e.name, ndim) is not None
+        )
+    # One directory level per axis (`c/<i>/<j>` or `<i>/<j>`): directories down to the
+    # last axis, whose entries are the shards.
+    top = keys.dir_path(())
+    found = [join(path, top) if top else path]
+    for depth in range(ndim):
+        leaf = depth == ndim - 1
+        found = [
+            join(parent, e.name)
+            for parent in found
+            for e in _list(storage, parent)
+            if e.stat.is_dir != leaf and keys.component(e.name, depth) is not None
+        ]
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """A shard's outer index as read at `stat.version`: flat (slots, 2), absolute offsets."""
+
+    stat: Stat
+    entries: np.ndarray
+    index_size: int
+
+    @property
+    def live(self) -> int:
+        """Bytes some index entry points to (a byte shared by two entries counts once)."""
+        used = self.entries[self.entries[:, 1] != EMPTY].astype(np.int64)
+        if not len(used):
+            return 0
+        used = used[np.argsort(used[:, 0], kind="stable")]
+        starts, ends = used[:, 0], used[:, 0] + used[:, 1]
+        reach = np.maximum.accumulate(np.concatenate(([0], ends[:-1])))
+        return int(np.clip(ends - np.maximum(starts, reach), 0, None).sum())
+
+    @property
+    def dead(self) -> int:
+        """Bytes neither the index nor a chunk occupies: what appends left behind."""
+        return self.stat.size - self.index_size - self.live
+
+
+class IndexReader:
+    """Reads shard indexes fresh from storage and tells damage from an append in flight.
+
+    With `repair`, unfinished appends are settled first (`Storage.recover`:
+    a torn tail is cut back, which is always safe), and again whenever a
+    shard that fails to decode has one, since recovery waits for a live
+    writer rather than cutting its tail. Without `repair` nothing is changed
+    and such shards are reported as damage with that note.
+    """
+
+    def __init__(self, storage: Storage, repair: bool) -> None:
+        self.storage = storage
+        self.repair = repair
+        #: The lines of every recovery run (repair) ...
+        self.recovery: list[str] = storage.recover() if repair else []
+        #: ... or the keys with unfinished appends at the start (no repair).
+        self.pending: list[str] = [] if repair else storage.pending_recovery()
+
+    def read(self, key: str, level: ShardLevel) -> ShardIndex | None:
+        """The shard's current index; None if there is no shard (any more).
+
+        Raises CorruptData (naming the shard) if it does not verify, and
+        KeptChanging if writers changed it at every attempt.
+        """
+        for _attempt in range(ATTEMPTS):
+            stat = self.storage.stat(key)
+            if stat is None or stat.is_dir:
+                return None
+            try:
+                return self._decode(key, level, stat)
+            except SourceChanged:
+                continue
+            except CorruptData as e:
+                current = self.storage.stat(key)
+                if current is None or current.version != stat.version:
+                    continue  # a writer was at work: read the new version
+                if key not in self.storage.pending_recovery():
+                    raise CorruptData(f"{self.storage.describe(key)}: {e}") from None
+                if not self.repair:
+                    raise CorruptData(
+                        f"{self.storage.describe(key)}: {e} (it has an unfinished append, "
+                        "whose writer is at work or crashed; repair rolls a torn one back)"
+                    ) from None
+                self.recovery += self.storage.recover()
+        raise KeptChanging(f"{self.storage.describe(key)} kept changing while it was read")
+
+    def _decode(self, key: str, level: ShardLevel, stat: Stat) -> ShardIndex:
+        size = level.index_size
+        if stat.size < size:
+            raise CorruptData(f"{stat.size} bytes cannot hold a {size}-byte shard index")
+        at = 0 if level.index_at_start else stat.size - size
+        raw = self.storage.read(key, at, size, stat.version)
+        entries = level.index.decode(raw, level.chunks_per_shard).reshape(-1, 2)
+        if level.index_at_start:
+            check_entries(entries, size, stat.size)
+        else:
+            check_entries(entries, 0, stat.size - size)
+        return ShardIndex(stat, entries, size)
