@@ -442,3 +442,13 @@ def test_concurrent_appends_from_processes_and_threads(tmp_path: Path) -> None:
     lines = (tmp_path / "log").read_text().splitlines()
     writers = [f"{p}.{t}" for p in ("p0", "p1") for t in range(3)] + [f"main.{t}" for t in range(3)]
     assert sorted(lines) == sorted(f"{w}:{i}" for w in writers for i in range(count))
+
+
+def test_symlinks_are_not_part_of_the_source(tmp_path: Path) -> None:
+    """A link back to a parent would make every walk of the source endless."""
+    (tmp_path / "file").write_bytes(b"x")
+    (tmp_path / "loop").symlink_to(tmp_path)
+    (tmp_path / "alias").symlink_to(tmp_path / "file")
+    storage = LocalStorage(tmp_path)
+    assert [e.name for e in storage.list("")] == ["file"]
+    assert storage.stat("loop") is None and storage.stat("alias") is None

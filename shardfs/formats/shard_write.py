@@ -83,8 +83,3 @@ def whole_shard(level: ShardLevel, chunks: Mapping[int, Buffer]) -> ShardUpdate:
     parts = [encoded, *parts] if level.index_at_start else [*parts, encoded]
     return ShardUpdate(parts, index, whole=True)
 
-
-def live_bytes(index: np.ndarray) -> int:
-    """Bytes of the chunks an index points to (the rest of the shard, bar the index, is dead)."""
-    sizes = index[:, 1]
-    return int(sizes[sizes != EMPTY].sum())

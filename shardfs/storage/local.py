@@ -60,7 +60,7 @@ class LocalStorage(Storage):
         if _is_private(key):
             return None
         try:
-            st = os.stat(self._path(key))
+            st = os.lstat(self._path(key))  # symlinks are not part of the source
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
@@ -76,7 +76,7 @@ class LocalStorage(Storage):
                 entries = []
                 for entry in it:
                     try:
-                        st = entry.stat()
+                        st = entry.stat(follow_symlinks=False)
                     except FileNotFoundError:
                         continue  # removed while listing
                     if _is_private(f"{key}/{entry.name}"):
@@ -286,7 +286,7 @@ class LocalStorage(Storage):
     def _version(self, key: str, path: str) -> Hashable:
         """The version of the object at `path`, or ABSENT; a directory or special file is an error."""
         try:
-            st = os.stat(path)
+            st = os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return ABSENT
         if not stat_mod.S_ISREG(st.st_mode):

@@ -620,7 +620,8 @@ class Namespace:
         layout = array.layout
         cps = layout.chunks_per_shard
         shard_prefix = tuple(i // n for i, n in zip(prefix, cps, strict=False))
-        return join(array.data, layout.keys.dir_path(shard_prefix))
+        directory = layout.keys.dir_path(shard_prefix)
+        return join(array.data, directory) if directory else array.data
 
     def _chunk_dir_exists(self, array: ArrayView, prefix: tuple[int, ...]) -> bool:
         stat = self.storage.stat(self._shard_dir(array, prefix))
