@@ -82,4 +82,3 @@ def whole_shard(level: ShardLevel, chunks: Mapping[int, Buffer]) -> ShardUpdate:
     encoded = level.index.encode(index.reshape((*level.chunks_per_shard, 2)))
     parts = [encoded, *parts] if level.index_at_start else [*parts, encoded]
     return ShardUpdate(parts, index, whole=True)
-

@@ -106,9 +106,9 @@ class MountConfig:
 class Operations(pyfuse3.Operations):
     """The FUSE file system over a `Namespace` (read-only) or a `Workspace` (read-write).
 
-    Reads run inline first (see `_run`); changes to the namespace always run
-    in worker threads, because they may wait for storage while holding the
-    workspace's lock.
+    Every request runs inline first (see `_run`). Changes to the namespace
+    are safe to retry in a thread because the workspace does all their I/O
+    before it changes anything.
     """
 
     supports_dot_lookup = True
@@ -249,11 +249,7 @@ class Operations(pyfuse3.Operations):
             if flags & _WRITE_FLAGS:
                 raise ReadOnly("this mount is read-only")
             return self._open_file(await self._run(self.view.open, node))
-        if flags & _WRITE_FLAGS:
-            handle = await self._thread(self.workspace.open, node, flags)
-        else:
-            handle = await self._run(self.workspace.open, node, flags)
-        return self._open_file(handle)
+        return self._open_file(await self._run(self.workspace.open, node, flags))
 
     @_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -302,7 +298,7 @@ class Operations(pyfuse3.Operations):
         if not stat.S_ISREG(mode) and stat.S_IFMT(mode):
             raise pyfuse3.FUSEError(errno.EPERM)
         parent = self._node(parent_inode)
-        node, attr, handle = await self._thread(workspace.create, parent, os.fsdecode(name))
+        node, attr, handle = await self._run(workspace.create, parent, os.fsdecode(name))
         return self._open_file(handle), self._reply(node, attr)
 
     @_errors
@@ -310,21 +306,19 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         workspace = self._writable()
-        node, attr = await self._thread(
-            workspace.mkdir, self._node(parent_inode), os.fsdecode(name)
-        )
+        node, attr = await self._run(workspace.mkdir, self._node(parent_inode), os.fsdecode(name))
         return self._reply(node, attr)
 
     @_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         parent = self._node(parent_inode)
-        await self._thread(self._writable().unlink, parent, os.fsdecode(name))
+        await self._run(self._writable().unlink, parent, os.fsdecode(name))
         self.inodes.unlink(f"{parent.path}/{os.fsdecode(name)}".lstrip("/"))
 
     @_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         parent = self._node(parent_inode)
-        await self._thread(self._writable().rmdir, parent, os.fsdecode(name))
+        await self._run(self._writable().rmdir, parent, os.fsdecode(name))
         self.inodes.unlink(f"{parent.path}/{os.fsdecode(name)}".lstrip("/"))
 
     @_errors
@@ -344,11 +338,8 @@ class Operations(pyfuse3.Operations):
         old_name, new_name = os.fsdecode(name_old), os.fsdecode(name_new)
         noreplace = bool(flags & pyfuse3.RENAME_NOREPLACE)
 
-        def rename() -> Node:
-            workspace.rename(old, old_name, new, new_name, noreplace)
-            return workspace.lookup(new, new_name)
-
-        node = await self._thread(rename)
+        await self._run(workspace.rename, old, old_name, new, new_name, noreplace)
+        node = await self._run(workspace.lookup, new, new_name)
         self.inodes.move(f"{old.path}/{old_name}".lstrip("/"), node)
 
     @_errors
@@ -357,7 +348,7 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         workspace = self._writable()
         node, parent = self._node(inode), self._node(new_parent_inode)
-        target, attr = await self._thread(workspace.link, node, parent, os.fsdecode(new_name))
+        target, attr = await self._run(workspace.link, node, parent, os.fsdecode(new_name))
         return self._reply(target, attr)
 
     @_errors
@@ -371,7 +362,7 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         node = self._node(inode)
         if fields.update_size:
-            result = await self._thread(self._writable().truncate, node, attr.st_size)
+            result = await self._run(self._writable().truncate, node, attr.st_size)
         else:
             # Modes, owners and times are not stored; the view keeps its own.
             self._writable()

@@ -133,7 +133,11 @@ class WriteBuffer:
 
     def new(self, data: bytes = b"") -> Blob:
         blob = Blob(self, data)
-        self._enforce()
+        try:
+            self._enforce()
+        except BaseException:
+            blob.release()  # a non-blocking attempt gave up: it is made again in a thread
+            raise
         return blob
 
     def close(self) -> None:

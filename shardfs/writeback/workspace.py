@@ -26,6 +26,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from shardfs.errors import (
     AlreadyExists,
@@ -41,6 +43,7 @@ from shardfs.formats import metadata_write as mw
 from shardfs.formats.zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA, Transform
 from shardfs.formats.zarr_v3 import render
 from shardfs.storage.base import ABSENT
+from shardfs.storage.blocking import WouldBlock, may_block
 from shardfs.view.hierarchy import METADATA, join
 from shardfs.view.namespace import ArrayView, Attr, Namespace, Node, Reader, Role, View
 from shardfs.writeback.buffer import WriteBuffer
@@ -72,6 +75,20 @@ class Workspace:
         namespace.guard = self.committer.wait_idle
         self.shard_new = shard_new
         self._mutating = threading.Lock()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the mutation lock; in a non-blocking attempt, never wait for it.
+
+        Every mutation does all its I/O (which may raise WouldBlock) before it
+        changes anything, so a non-blocking attempt can always be retried.
+        """
+        if not self._mutating.acquire(blocking=may_block()):
+            raise WouldBlock
+        try:
+            yield
+        finally:
+            self._mutating.release()
 
     # -- reading ------------------------------------------------------------------------
 
@@ -152,7 +169,7 @@ class Workspace:
         writing = flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC
         if entry is None and not writing:
             return self.ns.open(self._fresh_leaf(node))
-        with self._mutating:
+        with self._locked():
             if entry is None:
                 entry = self._copy_up(self._fresh_leaf(node), keep=not flags & os.O_TRUNC)
             elif flags & os.O_TRUNC:
@@ -163,14 +180,14 @@ class Workspace:
     # -- changing the namespace -----------------------------------------------------------
 
     def create(self, parent: Node, name: str) -> tuple[Node, Attr, Handle]:
-        with self._mutating:
+        with self._locked():
             node, kind, shard = self._classify(parent, name)
             entry = Buffered(node.path, self.buffer.new(), kind, shard, node.coords)
             self.overlay.put(entry)
             return node, self.attr(node), self._handle(entry)
 
     def mkdir(self, parent: Node, name: str) -> tuple[Node, Attr]:
-        with self._mutating:
+        with self._locked():
             parent = self.current(parent)
             if self._exists(parent, name):
                 raise AlreadyExists(join(parent.path, name))
@@ -179,7 +196,7 @@ class Workspace:
             return node, self.attr(node)
 
     def rmdir(self, parent: Node, name: str) -> None:
-        with self._mutating:
+        with self._locked():
             node = self.lookup(parent, name)
             if not node.is_dir:
                 raise NotADirectory(node.path)
@@ -190,7 +207,7 @@ class Workspace:
             self.overlay.remove_dir(node.path)
 
     def unlink(self, parent: Node, name: str) -> None:
-        with self._mutating:
+        with self._locked():
             node = self.lookup(parent, name)
             if node.is_dir:
                 raise IsADirectory(node.path)
@@ -199,7 +216,7 @@ class Workspace:
     def rename(
         self, parent: Node, name: str, new_parent: Node, new_name: str, noreplace: bool
     ) -> None:
-        with self._mutating:
+        with self._locked():
             node = self.lookup(parent, name)
             if node.is_dir:
                 raise CannotMove(f"{node.path}: directories cannot be renamed in the view")
@@ -228,7 +245,7 @@ class Workspace:
                 self.overlay.put(entry)
 
     def link(self, node: Node, new_parent: Node, new_name: str) -> tuple[Node, Attr]:
-        with self._mutating:
+        with self._locked():
             if node.is_dir:
                 raise IsADirectory(node.path)
             target, kind, shard = self._classify(new_parent, new_name)
@@ -236,17 +253,17 @@ class Workspace:
             entry = self.overlay.entry(node.path)
             source = entry.blob.getvalue() if isinstance(entry, Buffered) else self._content(node)
             if kind is Kind.METADATA:
-                self._store_metadata(target, source)
+                self._store_metadata(target, source)  # I/O: never in a non-blocking attempt
+                target = self.lookup(new_parent, new_name)
             else:
                 if kind is Kind.CHUNK:
                     self._check_chunk(target.array, target.path, len(source))
                 copy = Buffered(target.path, self.buffer.new(source), kind, shard, target.coords)
                 self.overlay.put(copy)
-            target = self.lookup(new_parent, new_name)
             return target, self.attr(target)
 
     def truncate(self, node: Node, size: int) -> Attr:
-        with self._mutating:
+        with self._locked():
             entry = self.overlay.entry(node.path)
             if isinstance(entry, Whiteout):
                 raise NotFound(node.path)
@@ -267,7 +284,7 @@ class Workspace:
         """On close: store a metadata document; tell the writer of a chunk that cannot be stored."""
         entry = handle.entry
         if entry.kind is Kind.METADATA and entry.dirty:
-            with self._mutating:
+            with self._locked():
                 if self.overlay.entry(entry.path) is entry:
                     generation = entry.blob.generation
                     node = self._classify_path(entry.path)
@@ -408,12 +425,13 @@ class Workspace:
     def _detach(self, node: Node, release: bool) -> None:
         """Take the file at `node` out of the view; a chunk is marked deleted for its shard.
         Its buffer is freed if `release` and no handle has it open."""
-        entry = self.overlay.remove(node.path)
-        if release and isinstance(entry, Buffered) and entry.handles == 0:
-            entry.blob.release()
+        entry = self.overlay.entry(node.path)
         chunk = entry.shard if isinstance(entry, Buffered) and entry.kind is Kind.CHUNK else None
         if chunk is None and node.role is Role.CHUNK:
             chunk = self._kind(node)[1]
+        self.overlay.remove(node.path)
+        if release and isinstance(entry, Buffered) and entry.handles == 0:
+            entry.blob.release()
         if chunk is not None:
             # Even if the source does not hold it yet: a commit may be storing it right now.
             self.overlay.put(Whiteout(node.path, chunk, node.coords))
