@@ -20,13 +20,10 @@ with its range. Needs root (drop_caches, FUSE).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -34,10 +31,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 import numpy as np
 import zarr
+from common import Interrupts, machine
 from zarr.codecs import ZstdCodec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,34 +172,6 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-class Interrupts:
-    """SIGINT and SIGTERM raise KeyboardInterrupt, except inside `deferred()`, which
-    raises it at its end: a daemon is never started or stopped without being tracked."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.pending: int | None = None
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.depth:
-            self.pending = signum
-        else:
-            raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            if not self.depth and self.pending is not None:
-                signum, self.pending = self.pending, None
-                raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 class MountManager:
     """At most one `shardfs mount -f ... -o ro` child at a time, always unmounted by `stop`."""
 
@@ -313,23 +282,6 @@ def measure(cases: list[Case], repeat: int, mounts: MountManager, checker: Check
 
 
 # -- report ---------------------------------------------------------------------------
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as f:
-        ram_kib = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
-    return (
-        f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM, "
-        f"Linux {platform.release()}, Python {platform.python_version()}, "
-        f"zarr {zarr.__version__} (async.concurrency={zarr.config.get('async.concurrency')}), "
-        f"numpy {np.__version__}"
-    )
 
 
 def ratio_row(label: str, num: Case, den: Case, targets: dict[str, float] | None) -> str:

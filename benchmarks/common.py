@@ -1,0 +1,60 @@
+"""What both benchmark scripts need: signal handling that never loses track of a daemon,
+and the description of the machine a run was made on."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import signal
+from collections.abc import Iterator
+from types import FrameType
+
+import numpy as np
+import zarr
+
+
+class Interrupts:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, except inside `deferred()`, which
+    raises it at its end: a daemon is never started or stopped without being tracked."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: int | None = None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.depth:
+            self.pending = signum
+        else:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending is not None:
+                signum, self.pending = self.pending, None
+                raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        ram_kib = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
+    return (
+        f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM, "
+        f"Linux {platform.release()}, Python {platform.python_version()}, "
+        f"zarr {zarr.__version__} (async.concurrency={zarr.config.get('async.concurrency')}, "
+        f"threading.max_workers={zarr.config.get('threading.max_workers')}), "
+        f"numpy {np.__version__}"
+    )
