@@ -14,7 +14,8 @@ import logging
 import os
 import secrets
 import stat as stat_mod
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from shardfs.errors import CorruptData, NotADirectory, NotFound, SourceChanged, StorageError
@@ -118,47 +119,47 @@ class LocalStorage(Storage):
     def describe(self, key: str) -> str:
         return self._path(key)
 
-    def put(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
+    @contextmanager
+    def _writing(self, key: str) -> Iterator[str]:
+        """Hold `key`'s lock with any append a crashed writer left on it settled; yields
+        the key's path and maps OS errors to StorageError."""
         check_may_block()
         path = self._path(key)
         try:
             self._journal.prepare()
             with self._journal.locked(key):
                 self._settle_before_write(key, path)
-                self._journal.sync()
-                self._expect(key, self._version(key, path), expect)
-                journal.makedirs_durably(os.path.dirname(path))
-                views = journal.byte_views(parts)
-                try:
-                    return _rename_into_place(*self._journal.create_temp(key), path, views)
-                except OSError as e:
-                    if e.errno != errno.EXDEV:
-                        raise
-                # The key's directory is on another file system: a temp file next to it
-                # (which recover() cannot find if we crash, but readers never see).
-                tmp = os.path.join(os.path.dirname(path), _FALLBACK_TEMP + secrets.token_hex(8))
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-                return _rename_into_place(fd, tmp, path, views)
+                yield path
         except OSError as e:
             raise self._error(key, e) from None
 
+    def put(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
+        with self._writing(key) as path:
+            self._journal.sync()
+            self._expect(key, self._version(key, path), expect)
+            journal.makedirs_durably(os.path.dirname(path))
+            views = journal.byte_views(parts)
+            try:
+                return _rename_into_place(*self._journal.create_temp(key), path, views)
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+            # The key's directory is on another file system: a temp file next to it
+            # (which recover() cannot find if we crash, but readers never see).
+            tmp = os.path.join(os.path.dirname(path), _FALLBACK_TEMP + secrets.token_hex(8))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            return _rename_into_place(fd, tmp, path, views)
+
     def append(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
-        check_may_block()
-        path = self._path(key)
-        try:
-            self._journal.prepare()
-            with self._journal.locked(key):
-                self._settle_before_write(key, path)
-                self._expect(key, self._version(key, path), expect)
-                if expect is ABSENT:
-                    raise NotFound(key)
-                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    return self._append_locked(key, path, fd, journal.byte_views(parts), expect)
-                finally:
-                    os.close(fd)
-        except OSError as e:
-            raise self._error(key, e) from None
+        with self._writing(key) as path:
+            self._expect(key, self._version(key, path), expect)
+            if expect is ABSENT:
+                raise NotFound(key)
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                return self._append_locked(key, path, fd, journal.byte_views(parts), expect)
+            finally:
+                os.close(fd)
 
     def _append_locked(
         self, key: str, path: str, fd: int, views: list[memoryview], expect: Hashable
@@ -188,21 +189,14 @@ class LocalStorage(Storage):
         return _stat_of(os.fstat(fd))
 
     def delete(self, key: str, expect: Hashable) -> None:
-        check_may_block()
-        path = self._path(key)
-        try:
-            self._journal.prepare()
-            with self._journal.locked(key):
-                self._settle_before_write(key, path)
-                self._journal.sync()
-                current = self._version(key, path)
-                self._expect(key, current, expect)
-                if current is ABSENT:
-                    raise NotFound(key)
-                os.unlink(path)
-                journal.fsync_dir(os.path.dirname(path))
-        except OSError as e:
-            raise self._error(key, e) from None
+        with self._writing(key) as path:
+            self._journal.sync()
+            current = self._version(key, path)
+            self._expect(key, current, expect)
+            if current is ABSENT:
+                raise NotFound(key)
+            os.unlink(path)
+            journal.fsync_dir(os.path.dirname(path))
 
     def makedirs(self, key: str) -> None:
         check_may_block()
