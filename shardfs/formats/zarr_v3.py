@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from shardfs.errors import InvalidMetadata
+from shardfs.errors import CorruptData, InvalidMetadata
 from shardfs.formats.keys import ChunkKeyEncoding
-from shardfs.formats.shard_index import IndexCodec, normalize_codec
+from shardfs.formats.shard_index import IndexCodec, check_entries, normalize_codec
 
 SHARDING = "sharding_indexed"
 
@@ -68,6 +68,21 @@ class ShardLevel:
     @property
     def index_size(self) -> int:
         return self.index.size(self.chunks_per_shard)
+
+    def index_offset(self, length: int) -> int:
+        """Where the index of a shard of `length` bytes starts; CorruptData if it cannot hold one."""
+        if length < self.index_size:
+            raise CorruptData(f"{length} bytes cannot hold a {self.index_size}-byte shard index")
+        return 0 if self.index_at_start else length - self.index_size
+
+    def decode_index(self, raw: bytes, length: int) -> np.ndarray:
+        """The verified index of a shard of `length` bytes: flat (slots, 2), offsets in the shard."""
+        index = self.index.decode(raw, self.chunks_per_shard).reshape(-1, 2)
+        if self.index_at_start:
+            check_entries(index, self.index_size, length)
+        else:
+            check_entries(index, 0, length - self.index_size)
+        return index
 
 
 @dataclass(frozen=True)

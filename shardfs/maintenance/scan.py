@@ -21,7 +21,7 @@ from shardfs.errors import (
     SourceChanged,
     StorageError,
 )
-from shardfs.formats.shard_index import EMPTY, check_entries
+from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.zarr_v3 import (
     ShardedLayout,
     ShardLevel,
@@ -232,13 +232,6 @@ class IndexReader:
 
     def _decode(self, key: str, level: ShardLevel, stat: Stat) -> ShardIndex:
         size = level.index_size
-        if stat.size < size:
-            raise CorruptData(f"{stat.size} bytes cannot hold a {size}-byte shard index")
-        at = 0 if level.index_at_start else stat.size - size
-        raw = self.storage.read(key, at, size, stat.version)
-        entries = level.index.decode(raw, level.chunks_per_shard).reshape(-1, 2)
-        if level.index_at_start:
-            check_entries(entries, size, stat.size)
-        else:
-            check_entries(entries, 0, stat.size - size)
+        raw = self.storage.read(key, level.index_offset(stat.size), size, stat.version)
+        entries = level.decode_index(raw, stat.size)
         return ShardIndex(stat, entries, size)

@@ -39,7 +39,7 @@ from shardfs.errors import (
     StorageError,
 )
 from shardfs.formats.keys import ChunkKeyEncoding
-from shardfs.formats.shard_index import EMPTY, check_entries
+from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.zarr_v2 import (
     ZARRAY,
     ZATTRS,
@@ -576,17 +576,9 @@ class Namespace:
     ) -> None:
         """Resolve the view chunks `rows` through the shard (or nested shard) at [start, start+length)."""
         spec = array.layout.levels[level]
-        size = spec.index_size
-        if length < size:
-            raise CorruptData(f"{length} bytes cannot hold a {size}-byte shard index")
-        at = start if spec.index_at_start else start + length - size
-        index = spec.index.decode(
-            self.storage.read(key, at, size, stat.version), spec.chunks_per_shard
-        ).reshape(-1, 2)
-        if spec.index_at_start:
-            check_entries(index, size, length)
-        else:
-            check_entries(index, 0, length - size)
+        at = start + spec.index_offset(length)
+        raw = self.storage.read(key, at, spec.index_size, stat.version)
+        index = spec.decode_index(raw, length)
         slots = array.slots[level][rows]
         picked = index[slots]
         used = picked[:, 1] != EMPTY

@@ -20,7 +20,7 @@ from collections.abc import Hashable
 import numpy as np
 
 from shardfs.errors import CorruptData, InvalidWrite, ReadOnly, SourceChanged, StorageError
-from shardfs.formats.shard_index import EMPTY, check_entries
+from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.shard_write import Buffer, ShardUpdate, append_update, whole_shard
 from shardfs.formats.zarr_v3 import ShardLevel
 from shardfs.storage.base import ABSENT, Stat
@@ -227,17 +227,10 @@ class Committer:
 
     def _index(self, key: str, level: ShardLevel, stat: Stat) -> np.ndarray:
         """The shard's current level-0 index, flat, read now (never from a cache)."""
-        size = level.index_size
-        if stat.size < size:
-            raise CorruptData(f"{self.storage.describe(key)}: too short to hold its index")
-        at = 0 if level.index_at_start else stat.size - size
-        raw = self.storage.read(key, at, size, stat.version)
         try:
-            index = level.index.decode(raw, level.chunks_per_shard).reshape(-1, 2)
-            if level.index_at_start:
-                check_entries(index, size, stat.size)
-            else:
-                check_entries(index, 0, stat.size - size)
+            at = level.index_offset(stat.size)
+            raw = self.storage.read(key, at, level.index_size, stat.version)
+            index = level.decode_index(raw, stat.size)
         except CorruptData as e:
             raise CorruptData(
                 f"{self.storage.describe(key)}: corrupt shard, not written to: {e}"
