@@ -22,10 +22,10 @@ from collections.abc import Sequence
 
 from shardfs import __version__
 from shardfs.cli.options import MountOptions, parse_options, parse_size
-from shardfs.errors import InvalidMetadata, ShardfsError, UsageError
+from shardfs.errors import InvalidMetadata, ShardfsError, StorageError, UsageError
 from shardfs.fuse.mounts import mount_type, unmount
 from shardfs.maintenance import DEFAULT_MIN_DEAD, DEFAULT_THRESHOLD, Policy, Progress, compact, fsck
-from shardfs.storage import LocalStorage
+from shardfs.storage import LocalStorage, Storage
 from shardfs.view.hierarchy import Hierarchy, open_hierarchy
 
 log = logging.getLogger("shardfs")
@@ -130,14 +130,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- checks shared by the parent and the daemon ------------------------------------------
 
 
-def open_source(source: str) -> Hierarchy:
-    """The hierarchy at SOURCE, checked to be Zarr v3 (final or draft) at its root."""
-    if not os.path.exists(source):
+def open_source(source: str, options: MountOptions | None = None) -> Hierarchy:
+    """The hierarchy at SOURCE (a directory or s3://BUCKET/PREFIX), checked to be
+    Zarr v3 (final or draft) at its root."""
+    storage: Storage
+    if not is_local(source):
+        from shardfs.storage.s3 import S3Storage, parse_url  # boto3 only when needed
+
+        bucket, prefix = parse_url(source)
+        storage = S3Storage(bucket, prefix, (options or MountOptions()).s3_config())
+    elif not os.path.exists(source):
         raise UsageError(f"source {source} does not exist")
-    if not os.path.isdir(source):
+    elif not os.path.isdir(source):
         raise UsageError(f"source {source} is not a directory")
-    storage = LocalStorage(source)
-    stat = storage.stat("zarr.json")
+    else:
+        storage = LocalStorage(source)
+    try:
+        stat = storage.stat("zarr.json")
+    except StorageError as e:
+        raise UsageError(f"source {source}: {e}") from None
     if stat is None or stat.is_dir:
         hint = (
             " (it looks like Zarr v2)" if storage.stat(".zgroup") or storage.stat(".zarray") else ""
@@ -167,15 +178,20 @@ def check_mountpoint(mountpoint: str, source: str) -> None:
     if kind is not None:
         raise UsageError(f"mountpoint {mountpoint} is busy: {kind} is already mounted there")
     real_mp, real_src = os.path.realpath(mountpoint), os.path.realpath(source)
-    if real_mp == real_src or real_mp.startswith(real_src + os.sep):
+    inside = real_mp == real_src or real_mp.startswith(real_src + os.sep)
+    if is_local(source) and inside:
         raise UsageError(f"mountpoint {mountpoint} must not be inside the source")
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise UsageError("cannot open /dev/fuse: is the fuse module loaded and the device present?")
 
 
+def is_local(source: str) -> bool:
+    return not source.startswith("s3://")
+
+
 def _fsname(source: str) -> str:
     """The name shown in the mount table; libfuse options cannot hold commas."""
-    real = os.path.realpath(source)
+    real = os.path.realpath(source) if is_local(source) else source
     return real if not any(c in real for c in ",\\ \t\n") else "shardfs"
 
 
@@ -185,7 +201,7 @@ def _fsname(source: str) -> str:
 def _mount(args: argparse.Namespace) -> int:
     try:
         options = parse_options(args.options)
-        open_source(args.source)
+        open_source(args.source, options)
         check_mountpoint(args.mountpoint, args.source)
     except ShardfsError as e:
         if args.ready_fd is not None:  # a detached daemon: its parent prints the error
@@ -229,7 +245,7 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
             ready.close()
 
     try:
-        hierarchy = open_source(args.source)
+        hierarchy = open_source(args.source, options)
         storage = hierarchy.storage
         if not options.read_only and hierarchy.translates:
             if "rw" in options.given:
@@ -278,7 +294,8 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
 def _spawn_daemon(args: argparse.Namespace, options: MountOptions) -> int:
     read_end, write_end = os.pipe()
     # The daemon runs in "/", so every path it gets must be absolute.
-    source, mountpoint = os.path.abspath(args.source), os.path.abspath(args.mountpoint)
+    source = os.path.abspath(args.source) if is_local(args.source) else args.source
+    mountpoint = os.path.abspath(args.mountpoint)
     command = [sys.executable, "-m", "shardfs", "mount", source, mountpoint]
     if options.given:
         command += ["-o", options.argument()]

@@ -6,8 +6,12 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from shardfs.errors import UsageError
+
+if TYPE_CHECKING:
+    from shardfs.storage.s3 import S3Config
 
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -32,7 +36,19 @@ class MountOptions:
     flush_interval: float = 5.0
     spool: str | None = None
     shard_new: int | None = None
+    #: S3 sources: keyword arguments of `shardfs.storage.s3.S3Config`
+    s3: dict[str, Any] = field(default_factory=dict)
+    read_cache: int = 64 << 20
     given: list[str] = field(default_factory=list)
+
+    def s3_config(self) -> S3Config:
+        """How to reach an S3 source. Read-only mounts keep listings for long by default:
+        nothing of theirs changes the bucket, and reads are pinned to ETags anyway."""
+        from shardfs.storage.s3 import S3Config  # boto3 is imported for S3 sources only
+
+        settings = dict(self.s3)
+        settings.setdefault("metadata_ttl", 300.0 if self.read_only else 1.0)
+        return S3Config(**settings)
 
     def fuse_options(self, fsname: str) -> set[str]:
         """The options passed to the kernel through libfuse."""
@@ -64,7 +80,7 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
     for group in groups:
         for item in filter(None, (part.strip() for part in group.split(","))):
             name, has_value, value = item.partition("=")
-            if name in ("ro", "rw", "allow_other", "debug") and has_value:
+            if name in ("ro", "rw", "allow_other", "debug", "anon") and has_value:
                 raise UsageError(f"option {name!r} takes no value")
             if name == "ro":
                 options.read_only = True
@@ -86,6 +102,17 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.flush_interval = _positive(name, value, float)
             elif name == "shard_new":
                 options.shard_new = int(_positive(name, value, int))
+            elif name in ("endpoint_url", "region", "profile") and value:
+                options.s3[name] = value
+            elif name == "anon":
+                options.s3["anon"] = True
+            elif name == "metadata_ttl":
+                forever = value in ("forever", "inf")
+                options.s3[name] = float("inf") if forever else _positive(name, value, float)
+            elif name == "timeout":
+                options.s3[name] = _positive(name, value, float)
+            elif name == "read_cache":
+                options.read_cache = parse_size(value)
             elif name == "spool" and value:
                 options.spool = os.path.abspath(value)
                 item = f"spool={options.spool}"

@@ -1,0 +1,551 @@
+"""An S3 (or S3-compatible) bucket prefix as the source, through boto3.
+
+Objects are the keys below the prefix; directories are the `/`-separated
+prefixes between them, as ListObjectsV2 with a delimiter shows them. A
+version is an object's ETag, so every read that names a version is sent with
+`If-Match` and a changed object answers 412 instead of mixing two versions.
+
+Listings and object stats are cached for `metadata_ttl` seconds (one cache,
+one budget); `stat` is answered from the parent directory's listing, so
+looking up the files of a directory costs one LIST request, not one HEAD
+each. Our own writes update the cache at once; a 412 drops what was cached
+about the object, so the next stat sees the new version.
+
+Writes are conditional (`If-Match` on the ETag, `If-None-Match: *` for a new
+object). S3 cannot append, so `append` makes a new version of the object: a
+small one is read and written back whole; a big one is a multipart upload
+whose first parts are server-side copies of the object (UploadPartCopy,
+nothing downloaded) and whose last part is the appended bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import boto3
+import botocore.exceptions
+from botocore import UNSIGNED
+from botocore.config import Config
+
+from shardfs.errors import (
+    CorruptData,
+    NotADirectory,
+    NotFound,
+    SourceChanged,
+    StorageError,
+    UsageError,
+)
+from shardfs.storage.base import ABSENT, Entry, Stat, Storage
+from shardfs.storage.blocking import check_may_block, may_block
+
+log = logging.getLogger("shardfs")
+
+T = TypeVar("T")
+
+#: S3's smallest part of a multipart upload (all but the last part).
+MIN_PART = 5 << 20
+#: S3's biggest part, and so the biggest range one UploadPartCopy copies.
+MAX_PART = 5 << 30
+#: Multipart uploads older than this under our prefix are left by a writer that died.
+STALE_UPLOAD = timedelta(hours=1)
+#: Attempts at a GET whose body arrives cut short (botocore retries failed requests itself).
+BODY_ATTEMPTS = 4
+
+_DIR_VERSION = "directory"
+_PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of `s3://BUCKET/PREFIX`; the prefix has no leading or trailing `/`."""
+    if not url.startswith("s3://"):
+        raise UsageError(f"{url} is not an s3:// URL")
+    bucket, _, prefix = url[5:].partition("/")
+    if not bucket:
+        raise UsageError(f"{url} names no bucket (use s3://BUCKET/PREFIX)")
+    return bucket, prefix.strip("/")
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """How to reach the store; see the README's S3 options."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    anon: bool = False
+    #: How long a listing or stat may be answered from the cache (inf: until evicted).
+    metadata_ttl: float = 1.0
+    #: The budget of the listing cache, in estimated bytes.
+    listing_cache: int = 32 << 20
+    #: Seconds to wait for a connection or for data before a request is retried.
+    timeout: float = 30.0
+    #: Attempts per request (botocore's standard retry mode: 5xx, throttling, timeouts).
+    attempts: int = 5
+    connections: int = 32
+
+
+@dataclass
+class _Listing:
+    """A directory's entries as listed at `expires - ttl`."""
+
+    expires: float
+    entries: dict[str, Stat]
+    complete: bool
+
+    @property
+    def cost(self) -> int:
+        return 160 * len(self.entries) + 200
+
+
+class _MetadataCache:
+    """Listings by directory key and stats by object key, each valid until it expires.
+
+    One budget (estimated bytes) over both; least recently used go first.
+    """
+
+    def __init__(self, budget: int, ttl: float) -> None:
+        self.budget = budget
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, str], tuple[float, Any, int]] = OrderedDict()
+        self._used = 0
+
+    def get(self, kind: str, key: str) -> Any:
+        with self._lock:
+            item = self._items.get((kind, key))
+            if item is None:
+                return None
+            if item[0] < time.monotonic():
+                self._drop((kind, key))
+                return None
+            self._items.move_to_end((kind, key))
+            return item[1]
+
+    def put(self, kind: str, key: str, value: Any, cost: int) -> None:
+        if cost > self.budget:
+            return
+        with self._lock:
+            self._drop((kind, key))
+            self._items[(kind, key)] = (time.monotonic() + self.ttl, value, cost)
+            self._used += cost
+            while self._used > self.budget:
+                self._drop(next(iter(self._items)))
+
+    def drop(self, kind: str, key: str) -> None:
+        with self._lock:
+            self._drop((kind, key))
+
+    def _drop(self, item_key: tuple[str, str]) -> None:
+        item = self._items.pop(item_key, None)
+        if item is not None:
+            self._used -= item[2]
+
+
+def _parent(key: str) -> tuple[str, str]:
+    parent, _, name = key.rpartition("/")
+    return parent, name
+
+
+def _code(error: botocore.exceptions.ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def _mtime_ns(when: datetime | None = None) -> int:
+    """Whole seconds, as S3 reports them, so our own writes show what a listing shows later."""
+    seconds = int(when.timestamp()) if when is not None else int(time.time())
+    return seconds * 1_000_000_000
+
+
+class S3Storage(Storage):
+    """The objects below `s3://bucket/prefix/`."""
+
+    def __init__(self, bucket: str, prefix: str = "", config: S3Config | None = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.config = config = config or S3Config()
+        session = boto3.session.Session(profile_name=config.profile, region_name=config.region)
+        client_config = Config(
+            retries={"mode": "standard", "max_attempts": config.attempts},
+            connect_timeout=config.timeout,
+            read_timeout=config.timeout,
+            max_pool_connections=config.connections,
+            signature_version=UNSIGNED if config.anon else None,
+        )
+        try:
+            self._s3 = session.client("s3", endpoint_url=config.endpoint_url, config=client_config)
+        except botocore.exceptions.BotoCoreError as e:
+            raise UsageError(f"s3://{bucket}: {e}") from None
+        self._cache = _MetadataCache(config.listing_cache, config.metadata_ttl)
+        #: Directories have no mtime in S3: they show the time the source was opened.
+        self._dir_stat = Stat(True, 0, time.time_ns(), _DIR_VERSION)
+
+    # -- naming -------------------------------------------------------------
+
+    def _object(self, key: str) -> str:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise NotFound(key)
+        return f"{self.prefix}/{key}" if self.prefix and key else self.prefix or key
+
+    def _dir_prefix(self, key: str) -> str:
+        whole = self._object(key)
+        return f"{whole}/" if whole else ""
+
+    def describe(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self._object(key)}"
+
+    # -- reads ----------------------------------------------------------------
+
+    def stat(self, key: str) -> Stat | None:
+        if not key:
+            return self._dir_stat
+        parent, name = _parent(key)
+        listing = self._cache.get("list", parent)
+        if listing is not None and (name in listing.entries or listing.complete):
+            return listing.entries.get(name)
+        known = self._cache.get("stat", key)
+        if known is not None:
+            return known[0]
+        check_may_block()
+        listing = self._listing(parent, first_page_only=True)
+        if name in listing.entries or listing.complete:
+            return listing.entries.get(name)
+        stat = self._head(key)  # a directory too big to list for one stat
+        if stat is None and self._is_dir(key):
+            stat = self._dir_stat
+        self._cache.put("stat", key, (stat,), 200)
+        return stat
+
+    def list(self, key: str) -> list[Entry]:
+        listing = self._cache.get("list", key)
+        if listing is None or not listing.complete:
+            check_may_block()
+            listing = self._listing(key, first_page_only=False)
+        if not listing.entries and key:
+            stat = self.stat(key)
+            if stat is None:
+                raise NotFound(key)
+            if not stat.is_dir:
+                raise NotADirectory(key)
+        return [Entry(name, stat) for name, stat in listing.entries.items()]
+
+    def _listing(self, key: str, first_page_only: bool) -> _Listing:
+        """List directory `key` (one page, or all) and cache what was listed."""
+        prefix = self._dir_prefix(key)
+        entries: dict[str, Stat] = {}
+        token: str | None = None
+        while True:
+            request = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
+            if token:
+                request["ContinuationToken"] = token
+            page = self._call("list", key, lambda r=request: self._s3.list_objects_v2(**r))
+            for common in page.get("CommonPrefixes", ()):
+                name = common["Prefix"][len(prefix) :].rstrip("/")
+                if name:
+                    entries[name] = self._dir_stat
+            for item in page.get("Contents", ()):
+                name = item["Key"][len(prefix) :]
+                if name and "/" not in name:  # "dir/" itself is a console's folder marker
+                    entries[name] = Stat(
+                        False, item["Size"], _mtime_ns(item.get("LastModified")), item["ETag"]
+                    )
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token or first_page_only:
+                break
+        listing = _Listing(0.0, entries, complete=token is None or not page.get("IsTruncated"))
+        self._cache.put("list", key, listing, listing.cost)
+        return listing
+
+    def _head(self, key: str) -> Stat | None:
+        try:
+            head = self._call(
+                "stat",
+                key,
+                lambda: self._s3.head_object(Bucket=self.bucket, Key=self._object(key)),
+            )
+        except NotFound:
+            return None
+        return Stat(False, head["ContentLength"], _mtime_ns(head.get("LastModified")), head["ETag"])
+
+    def _is_dir(self, key: str) -> bool:
+        page = self._call(
+            "list",
+            key,
+            lambda: self._s3.list_objects_v2(
+                Bucket=self.bucket, Prefix=self._dir_prefix(key), MaxKeys=1
+            ),
+        )
+        return bool(page.get("KeyCount"))
+
+    def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
+        check_may_block()
+        if length <= 0:
+            return b""
+        request: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self._object(key),
+            "Range": f"bytes={offset}-{offset + length - 1}",
+        }
+        if version is not None:
+            request["IfMatch"] = version
+        for attempt in range(BODY_ATTEMPTS):
+            answer = self._call("read", key, lambda: self._s3.get_object(**request), version)
+            try:
+                data = answer["Body"].read()
+            except (botocore.exceptions.BotoCoreError, OSError) as e:
+                if attempt + 1 == BODY_ATTEMPTS:
+                    raise StorageError(f"{self.describe(key)}: read failed: {e}") from None
+                _backoff(attempt)
+                continue
+            finally:
+                answer["Body"].close()
+            if len(data) != length:
+                total = answer.get("ContentRange", "").rpartition("/")[2]
+                raise CorruptData(
+                    f"{self.describe(key)}: wanted {length} bytes at {offset}, "
+                    f"the object has {total or 'fewer'} bytes"
+                )
+            return data
+        raise AssertionError("unreachable")
+
+    # -- writes ---------------------------------------------------------------
+
+    def put(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
+        check_may_block()
+        body = b"".join(parts)
+        request: dict[str, Any] = {"Bucket": self.bucket, "Key": self._object(key), "Body": body}
+        request.update(self._condition(expect))
+        answer = self._call("write", key, lambda: self._s3.put_object(**request), expect)
+        stat = Stat(False, len(body), _mtime_ns(), answer["ETag"])
+        self._wrote(key, stat)
+        return stat
+
+    def append(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
+        check_may_block()
+        if expect is ABSENT:
+            if self._head(key) is None:
+                raise NotFound(key)
+            raise SourceChanged(f"{self.describe(key)} exists")
+        current = self._head_version(key, expect)
+        tail = b"".join(parts)
+        if not tail:
+            return current
+        if current.size < MIN_PART:
+            old = self.read(key, 0, current.size, expect)
+            return self.put(key, [old, tail], expect)
+        return self._append_multipart(key, current, tail)
+
+    def _head_version(self, key: str, expect: Hashable) -> Stat:
+        """The object's stat, if it is still version `expect`; else SourceChanged."""
+        try:
+            head = self._call(
+                "write",
+                key,
+                lambda: self._s3.head_object(
+                    Bucket=self.bucket, Key=self._object(key), IfMatch=expect
+                ),
+                expect,
+            )
+        except NotFound:
+            raise SourceChanged(f"{self.describe(key)} was removed") from None
+        return Stat(False, head["ContentLength"], _mtime_ns(head.get("LastModified")), head["ETag"])
+
+    def _append_multipart(self, key: str, current: Stat, tail: bytes) -> Stat:
+        """The object copied server-side, then `tail`, as one new version, if still `current`."""
+        target = {"Bucket": self.bucket, "Key": self._object(key)}
+        upload = self._call("write", key, lambda: self._s3.create_multipart_upload(**target))
+        upload_id = upload["UploadId"]
+        try:
+            parts = []
+            count = -(-current.size // MAX_PART)
+            bounds = [current.size * i // count for i in range(count + 1)]
+            for number, (start, end) in enumerate(itertools.pairwise(bounds), 1):
+                copied = self._call(
+                    "write",
+                    key,
+                    lambda n=number, s=start, e=end: self._s3.upload_part_copy(
+                        **target,
+                        UploadId=upload_id,
+                        PartNumber=n,
+                        CopySource={"Bucket": self.bucket, "Key": target["Key"]},
+                        CopySourceIfMatch=current.version,
+                        CopySourceRange=f"bytes={s}-{e - 1}",
+                    ),
+                    current.version,
+                )
+                parts.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
+            number = len(parts) + 1
+            sent = self._call(
+                "write",
+                key,
+                lambda: self._s3.upload_part(
+                    **target, UploadId=upload_id, PartNumber=number, Body=tail
+                ),
+            )
+            parts.append({"PartNumber": number, "ETag": sent["ETag"]})
+            done = self._call(
+                "write",
+                key,
+                lambda: self._s3.complete_multipart_upload(
+                    **target,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                    IfMatch=current.version,
+                ),
+                current.version,
+            )
+        except BaseException:
+            self._abort(key, upload_id)
+            raise
+        stat = Stat(False, current.size + len(tail), _mtime_ns(), done["ETag"])
+        self._wrote(key, stat)
+        return stat
+
+    def _abort(self, key: str, upload_id: str) -> None:
+        """Abort a failed upload, so its parts are not kept (and billed) forever."""
+        try:
+            self._s3.abort_multipart_upload(
+                Bucket=self.bucket, Key=self._object(key), UploadId=upload_id
+            )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            log.warning("%s: could not abort upload %s: %s", self.describe(key), upload_id, e)
+
+    def delete(self, key: str, expect: Hashable) -> None:
+        check_may_block()
+        if expect is ABSENT:
+            if self._head(key) is None:
+                raise NotFound(key)
+            raise SourceChanged(f"{self.describe(key)} exists")
+        request = {"Bucket": self.bucket, "Key": self._object(key), "IfMatch": expect}
+        self._call("write", key, lambda: self._s3.delete_object(**request), expect)
+        self._wrote(key, None)
+
+    def makedirs(self, key: str) -> None:
+        """Nothing to do: a directory exists while some object lies below it."""
+
+    def _condition(self, expect: Hashable) -> dict[str, Any]:
+        return {"IfNoneMatch": "*"} if expect is ABSENT else {"IfMatch": expect}
+
+    def _wrote(self, key: str, stat: Stat | None) -> None:
+        """Make the cache show what this process just wrote (None: removed).
+
+        Listings are replaced, never changed in place: another thread may be
+        iterating over the old one.
+        """
+        self._cache.drop("stat", key)
+        if stat is not None:
+            self._cache.put("stat", key, (stat,), 200)
+        child = key
+        while child:
+            parent, name = _parent(child)
+            listing = self._cache.get("list", parent)
+            if listing is not None:
+                entries = dict(listing.entries)
+                if child != key and stat is None:
+                    self._cache.drop("list", parent)  # the directory may now be empty
+                    listing = None
+                elif child != key:
+                    entries.setdefault(name, self._dir_stat)
+                elif stat is None:
+                    entries.pop(name, None)
+                else:
+                    entries[name] = stat
+                if listing is not None:
+                    listing.entries = entries
+            if child != key:
+                self._cache.drop("stat", child)  # a directory that was missing may exist now
+            child = parent
+
+    def _forget(self, key: str) -> None:
+        """Drop what is cached about `key`: it changed behind our back."""
+        self._cache.drop("stat", key)
+        self._cache.drop("list", _parent(key)[0])
+
+    # -- recovery -------------------------------------------------------------
+
+    def _uploads(self) -> list[dict[str, Any]]:
+        prefix = self._dir_prefix("")
+        uploads: list[dict[str, Any]] = []
+        request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        while True:
+            page = self._call(
+                "list", "", lambda r=dict(request): self._s3.list_multipart_uploads(**r)
+            )
+            uploads += page.get("Uploads", ())
+            if not page.get("IsTruncated"):
+                return uploads
+            request["KeyMarker"] = page.get("NextKeyMarker", "")
+            request["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
+
+    def recover(self) -> list[str]:
+        """Abort multipart uploads that writers which died left behind (older than an hour,
+        so a live writer on another machine is never cut off)."""
+        check_may_block()
+        lines = []
+        now = datetime.now(UTC)
+        for upload in self._uploads():
+            initiated = upload.get("Initiated")
+            if initiated is not None and now - initiated < STALE_UPLOAD:
+                continue
+            key = upload["Key"]
+            try:
+                self._s3.abort_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload["UploadId"]
+                )
+            except botocore.exceptions.ClientError as e:
+                lines.append(f"s3://{self.bucket}/{key}: could not abort a stale upload: {e}")
+                continue
+            lines.append(f"s3://{self.bucket}/{key}: aborted an upload left since {initiated}")
+        return lines
+
+    def pending_recovery(self) -> list[str]:
+        check_may_block()
+        base = self._dir_prefix("")
+        return sorted({upload["Key"][len(base) :] for upload in self._uploads()})
+
+    # -- requests -------------------------------------------------------------
+
+    def _call(
+        self, what: str, key: str, request: Callable[[], T], version: Hashable | None = None
+    ) -> T:
+        """Run one boto3 request (botocore retries transient failures) and map its errors.
+
+        `version` is the version the request was conditional on: a failed
+        precondition, or a missing object, then means the object changed.
+        """
+        assert may_block()
+        try:
+            return request()
+        except botocore.exceptions.ClientError as e:
+            code = _code(e)
+            if code in _PRECONDITION and (version is not None or what == "write"):
+                self._forget(key)
+                what_happened = "exists" if version in (None, ABSENT) else "changed"
+                raise SourceChanged(f"{self.describe(key)} {what_happened}") from None
+            if code in _MISSING:
+                if version is not None:
+                    self._forget(key)
+                    raise SourceChanged(f"{self.describe(key)} was removed") from None
+                raise NotFound(key) from None
+            if code in ("InvalidRange", "416"):
+                raise CorruptData(f"{self.describe(key)}: read past the end") from None
+            if code == "NoSuchBucket":
+                raise StorageError(f"s3://{self.bucket}: no such bucket") from None
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+            raise StorageError(f"{self.describe(key)}: {what} failed: {code or status}") from None
+        except botocore.exceptions.BotoCoreError as e:
+            raise StorageError(f"{self.describe(key)}: {what} failed: {e}") from None
+
+
+def _backoff(attempt: int) -> None:
+    """Sleep before retry `attempt + 1`: exponential, with jitter so retries spread out."""
+    time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
