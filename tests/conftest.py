@@ -15,6 +15,10 @@ import pytest
 from shardfs.fuse.mounts import mount_type, unmount
 from tests.zarr2 import Zarr2, ensure_zarr2
 
+#: The S3 fixtures (`moto_server`, `s3`) live with the server and proxy they manage; `src`
+#: (an empty source on each backend) with the backends.
+pytest_plugins = ["tests.s3", "tests.backends"]
+
 
 @dataclass
 class Mounted:
@@ -33,7 +37,7 @@ class Mounted:
         stop_mount(self)
 
 
-def start_mount(source: Path, mountpoint: Path, log_path: Path, *options: str) -> Mounted:
+def start_mount(source: Path | str, mountpoint: Path, log_path: Path, *options: str) -> Mounted:
     """Mount in the foreground as a child of the test and wait until it answers."""
     mountpoint.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "shardfs", "mount", str(source), str(mountpoint), "-f"]

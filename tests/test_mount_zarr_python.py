@@ -23,6 +23,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from zarr.codecs import (
     ZstdCodec,
 )
 
+from tests.backends import BACKENDS, bucket
 from tests.conftest import Mounted, start_mount, stop_mount
 
 pytestmark = [
@@ -399,23 +401,41 @@ class Tree:
 
     source: Path
     mounted: Mounted
+    #: how shardfs names the source (a path, or an s3:// URL) in its log lines
+    url: str
 
     @property
     def view(self) -> Path:
         return self.mounted.path
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tree]:
-    """The whole hierarchy, written once and mounted once for the module."""
+@pytest.fixture(scope="module", params=BACKENDS)
+def tree(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Tree]:
+    """The whole hierarchy, written once per backend and mounted once for the module.
+
+    On S3, zarr-python writes straight into the bucket, and `source` is a copy
+    of what it stored there, for the checks of stored bytes.
+    """
     base = tmp_path_factory.mktemp("zarr_python")
     source = base / "src"
-    build(source)
-    mounted = start_mount(source, base / "mnt", base / "mnt.log")
-    try:
-        yield Tree(source, mounted)
-    finally:
-        stop_mount(mounted)
+    with ExitStack() as stack:
+        if request.param == "local":
+            build(source)
+            url, options = str(source), []
+        else:
+            s3 = stack.enter_context(bucket(request.getfixturevalue("moto_server"), "zarr-python"))
+            build(s3.zarr_store("src"))
+            s3.download_tree("src", source)
+            pages = s3.admin.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket)
+            for item in (item for page in pages for item in page.get("Contents", ())):
+                when = item["LastModified"].timestamp()  # the mtime S3 reports
+                os.utime(source / item["Key"].removeprefix("src/"), (when, when))
+            url, options = s3.url("src"), s3.mount_options()
+        mounted = start_mount(url, base / "mnt", base / "mnt.log", *options)
+        stack.callback(stop_mount, mounted)
+        yield Tree(source, mounted, url)
 
 
 # -- the oracle: what the view must show, derived from the written data ------------------
@@ -613,5 +633,6 @@ def test_whole_shard_compression_is_shown_unchanged(tree: Tree) -> None:
     array = zarr.open_array(view, mode="r")
     assert isinstance(array.metadata.codecs[0], ShardingCodec)
     np.testing.assert_array_equal(array[...], WHOLE_DATA)
-    lines = [line for line in tree.mounted.log().splitlines() if str(source) in line]
+    named = f"{tree.url}/{WHOLE}"
+    lines = [line for line in tree.mounted.log().splitlines() if named in line]
     assert len(lines) == 1 and "zstd" in lines[0], lines

@@ -258,6 +258,7 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
             view=View(options.view),
             hierarchy=hierarchy,
             serve_plain=not options.read_only,
+            read_cache=options.read_cache,
         )
         view: Namespace | Workspace = namespace
         if options.read_only:

@@ -59,6 +59,12 @@ class Storage(ABC):
     wait for I/O, so in non-blocking mode they raise WouldBlock.
     """
 
+    #: Bytes worth reading in vain to save one request: 0 where a read costs
+    #: little more than its bytes (a local disk, with the kernel's read-ahead);
+    #: large where each request has a round trip (an object store). Readers
+    #: above merge nearby ranges and read ahead only when this is not 0.
+    request_cost: int = 0
+
     @abstractmethod
     def stat(self, key: str) -> Stat | None:
         """The object or directory at `key`, or None if there is none."""

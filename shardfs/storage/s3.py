@@ -169,6 +169,9 @@ def _mtime_ns(when: datetime | None = None) -> int:
 class S3Storage(Storage):
     """The objects below `s3://bucket/prefix/`."""
 
+    #: A round trip of tens of milliseconds is worth about this much transfer.
+    request_cost = 1 << 20
+
     def __init__(self, bucket: str, prefix: str = "", config: S3Config | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")

@@ -94,21 +94,45 @@ class LruCache(Generic[V]):
         cost = self._error_cost if isinstance(value, _Failure) else self._cost(value)
         with self._lock:
             del self._loading[key]
-            if cost <= self.budget:
-                self._items[key] = (value, cost)
-                self.used += cost
-                while self.used > self.budget:
-                    _, (_, evicted) = self._items.popitem(last=False)
-                    self.used -= evicted
-                    self.stats.evictions += 1
+            self._store(key, value, cost)
         future.set_result(value)
         return self._unwrap(value)
 
+    def peek(self, key: Hashable) -> V | None:
+        """The cached value of `key`, or None; never loads."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is None or isinstance(item[0], _Failure):
+                return None
+            self._items.move_to_end(key)
+            self.stats.hits += 1
+            return item[0]
+
+    def put(self, key: Hashable, value: V) -> None:
+        """Cache a value loaded by the caller (several at once, say, from one request)."""
+        with self._lock:
+            self._discard(key)
+            self.stats.loads += 1
+            self._store(key, value, self._cost(value))
+
+    def _store(self, key: Hashable, value: V | _Failure, cost: int) -> None:
+        if cost > self.budget:
+            return
+        self._items[key] = (value, cost)
+        self.used += cost
+        while self.used > self.budget:
+            _, (_, evicted) = self._items.popitem(last=False)
+            self.used -= evicted
+            self.stats.evictions += 1
+
     def discard(self, key: Hashable) -> None:
         with self._lock:
-            item = self._items.pop(key, None)
-            if item is not None:
-                self.used -= item[1]
+            self._discard(key)
+
+    def _discard(self, key: Hashable) -> None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self.used -= item[1]
 
     @staticmethod
     def _unwrap(value: V | _Failure) -> V:

@@ -64,6 +64,7 @@ from shardfs.formats.zarr_v3 import render as render_v3
 from shardfs.storage.base import Entry, Stat, Storage
 from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, ZarrV3, join
+from shardfs.view.readahead import HasExtents, ReadAhead
 
 log = logging.getLogger("shardfs")
 
@@ -135,7 +136,7 @@ NodeView = ArrayView | GroupView
 
 
 @dataclass(frozen=True, eq=False)
-class ShardTable:
+class ShardTable(HasExtents):
     """One shard's decoded index, flattened to the view's chunks.
 
     `entries` has shape `chunks_per_shard + (2,)` in view (array) axis order,
@@ -147,7 +148,7 @@ class ShardTable:
 
     @property
     def cost(self) -> int:
-        return self.entries.nbytes + 256
+        return 2 * self.entries.nbytes + 256  # with the extents read-ahead may add
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +196,8 @@ def logged_corruption(message: str) -> CorruptData:
 
 #: Chunks up to this size are read whole on the first read of an open file, so
 #: that reading a chunk costs one positioned read of its shard however the
-#: kernel splits the file into requests.
+#: kernel splits the file into requests. (On a store with costly requests,
+#: passthrough files too.)
 WHOLE_CHUNK_LIMIT = 4 << 20
 
 
@@ -204,7 +206,10 @@ class Reader:
 
     `stored` bytes of object `key` from `base` back the file; `serve`, if
     given, turns them into the file's `size` bytes (a v2 chunk), so they are
-    read and converted whole on the first read.
+    read and converted whole on the first read. A chunk's reads go through
+    the namespace's read-ahead, which needs its shard's `table`. On a store
+    with costly requests, a file too big to read whole is read in pieces of
+    at least `request_cost` bytes, the rest kept for the next read.
     """
 
     def __init__(
@@ -218,6 +223,7 @@ class Reader:
         size: int | None = None,
         data: bytes | None = None,
         serve: Callable[[bytes], bytes] | None = None,
+        table: ShardTable | None = None,
     ) -> None:
         self._ns = namespace
         self.node = node
@@ -228,8 +234,13 @@ class Reader:
         self.size = stored if size is None else size
         self._data = data
         self._serve = serve
+        self._table = table
         self._failed: CorruptData | None = None
-        self._whole = serve is not None or (node.role is Role.CHUNK and stored <= WHOLE_CHUNK_LIMIT)
+        costly = namespace.storage.request_cost > 0
+        small = stored <= WHOLE_CHUNK_LIMIT
+        self._whole = serve is not None or (small and (node.role is Role.CHUNK or costly))
+        #: (offset, bytes) read ahead of a partial read on a store with costly requests
+        self._ahead: tuple[int, bytes] | None = None
 
     def read(self, offset: int, size: int) -> bytes:
         if self._failed is not None:
@@ -257,10 +268,26 @@ class Reader:
 
     def _fetch(self, offset: int, size: int) -> bytes:
         try:
-            return self._ns.storage.read(self._key, self._base + offset, size, self._stat.version)
+            return self._read(offset, size)
         except SourceChanged:
+            self._ahead = None
             self._follow_change()
-            return self._ns.storage.read(self._key, self._base + offset, size, self._stat.version)
+            return self._read(offset, size)
+
+    def _read(self, offset: int, size: int) -> bytes:
+        if self._table is not None and offset == 0 and size == self._stored:
+            return self._ns.read_ahead.read(self._key, self._table, self._base, size)
+        storage = self._ns.storage
+        if not storage.request_cost:
+            return storage.read(self._key, self._base + offset, size, self._stat.version)
+        if self._ahead is not None:
+            start, data = self._ahead
+            if start <= offset and offset + size <= start + len(data):
+                return data[offset - start : offset - start + size]
+        length = min(self._stored - offset, max(size, storage.request_cost))
+        data = storage.read(self._key, self._base + offset, length, self._stat.version)
+        self._ahead = (offset, data)
+        return data[:size]
 
     def _follow_change(self) -> None:
         """The object changed while open: carry on only if this file's bytes did not.
@@ -281,6 +308,7 @@ class Reader:
         if (offset, nbytes) != (self._base, self._stored):
             raise StorageError(f"{self._ns.storage.describe(key)} was rewritten while open")
         self._stat = table.stat
+        self._table = table
 
 
 class Namespace:
@@ -294,6 +322,7 @@ class Namespace:
         view: View = View.V3,
         hierarchy: Hierarchy | None = None,
         serve_plain: bool = False,
+        read_cache: int = 64 << 20,
     ) -> None:
         self.storage = storage
         self.view = view
@@ -307,6 +336,8 @@ class Namespace:
         self.indexes: LruCache[ShardTable] = LruCache(
             index_cache, lambda t: t.cost, cache_errors=(CorruptData,)
         )
+        #: Chunks fetched ahead of their reads (only on stores with costly requests).
+        self.read_ahead = ReadAhead(storage, read_cache)
         self.nodes: LruCache[NodeView | None] = LruCache(
             metadata_cache, lambda n: n.cost if n is not None else 256
         )
@@ -851,6 +882,8 @@ class Namespace:
         key, table, offset, nbytes = self.locate(meta, node.coords)
         v2 = meta.v2
         if v2 is None or v2.transform is Transform.RAW:
-            return Reader(self, node, key, table.stat, offset, nbytes)
+            return Reader(self, node, key, table.stat, offset, nbytes, table=table)
         size = meta.served_size(nbytes)
-        return Reader(self, node, key, table.stat, offset, nbytes, size=size, serve=v2.serve)
+        return Reader(
+            self, node, key, table.stat, offset, nbytes, size=size, serve=v2.serve, table=table
+        )

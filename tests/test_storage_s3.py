@@ -1,0 +1,229 @@
+"""The S3 storage against a real S3 API (moto's server), through the fault-injecting proxy.
+
+Each test checks one promise of `Storage` as S3 keeps it: listings and stats
+from one cached LIST, reads pinned to an ETag, conditional writes, appends
+as a rebuild or a server-side multipart copy, retries of failed, slow and cut
+short requests, and clean-up of uploads that writers left behind.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from shardfs.errors import (
+    CorruptData,
+    NotADirectory,
+    NotFound,
+    SourceChanged,
+    StorageError,
+    UsageError,
+)
+from shardfs.storage.base import ABSENT
+from shardfs.storage.blocking import WouldBlock, nonblocking
+from shardfs.storage.s3 import MIN_PART, S3Config, S3Storage, parse_url
+from tests.s3 import S3Env
+
+
+def storage(s3: S3Env, prefix: str = "root", **config: object) -> S3Storage:
+    settings = {"endpoint_url": s3.endpoint, "region": s3.region, "metadata_ttl": 60.0}
+    settings.update(config)
+    return S3Storage(s3.bucket, prefix, S3Config(**settings))  # type: ignore[arg-type]
+
+
+def test_parse_url() -> None:
+    assert parse_url("s3://bucket/a/b/") == ("bucket", "a/b")
+    assert parse_url("s3://bucket") == ("bucket", "")
+    for bad in ("bucket/a", "s3:///a"):
+        with pytest.raises(UsageError):
+            parse_url(bad)
+
+
+def test_tree_from_listings(s3: S3Env) -> None:
+    for key in ("root/a/x", "root/a/y", "root/a/sub/z", "root/b", "root/a/marker/", "other/q"):
+        s3.put(key, key.encode())
+    st = storage(s3)
+    assert {e.name: e.stat.is_dir for e in st.list("")} == {"a": True, "b": False}
+    assert {e.name: e.stat.is_dir for e in st.list("a")} == {
+        "x": False,
+        "y": False,
+        "sub": True,
+        "marker": True,
+    }
+    s3.proxy.reset_counts()
+    x = st.stat("a/x")
+    assert x is not None and x.size == 8 and not x.is_dir
+    assert st.stat("a/nothing") is None
+    sub = st.stat("a/sub")
+    assert sub is not None and sub.is_dir
+    assert s3.proxy.counts() == {}, "stats of listed entries cost no request"
+    assert st.read("a/sub/z", 0, 12, None) == b"root/a/sub/z"
+    with pytest.raises(NotFound):
+        st.list("nothing")
+    with pytest.raises(NotADirectory):
+        st.list("b")
+    assert st.describe("a/x") == f"s3://{s3.bucket}/root/a/x"
+
+
+def test_stat_without_a_cached_listing_is_one_list(s3: S3Env) -> None:
+    s3.put("root/d/e/f", b"123")
+    st = storage(s3)
+    s3.proxy.reset_counts()
+    f = st.stat("d/e/f")
+    assert f is not None and f.size == 3
+    assert s3.proxy.counts() == {"LIST": 1}
+    with nonblocking():
+        assert st.stat("d/e/f") == f  # cached: answered without waiting
+        with pytest.raises(WouldBlock):
+            st.stat("d/other/g")
+        with pytest.raises(WouldBlock):
+            st.read("d/e/f", 0, 1)
+
+
+def test_reads_are_pinned_to_the_version(s3: S3Env) -> None:
+    s3.put("root/k", b"old content")
+    st = storage(s3)
+    old = st.stat("k")
+    assert old is not None
+    assert st.read("k", 4, 7, old.version) == b"content"
+    s3.put("root/k", b"new content!")
+    with pytest.raises(SourceChanged):
+        st.read("k", 4, 7, old.version)
+    new = st.stat("k")  # the failed read dropped the cached listing entry
+    assert new is not None and new.version != old.version and new.size == 12
+    assert st.read("k", 0, 3) == b"new"
+    with pytest.raises(CorruptData):
+        st.read("k", 10, 5, new.version)  # past the end
+
+
+def test_conditional_put_and_delete(s3: S3Env) -> None:
+    st = storage(s3)
+    first = st.put("d/k", [b"one"], ABSENT)
+    assert st.stat("d/k") == first
+    assert [e.name for e in st.list("d")] == ["k"]
+    with pytest.raises(SourceChanged):
+        st.put("d/k", [b"again"], ABSENT)
+    second = st.put("d/k", [b"t", memoryview(b"wo")], first.version)
+    assert s3.get("root/d/k") == b"two"
+    with pytest.raises(SourceChanged):
+        st.put("d/k", [b"three"], first.version)
+    with pytest.raises(SourceChanged):
+        st.delete("d/k", first.version)
+    st.delete("d/k", second.version)
+    assert st.stat("d/k") is None
+    assert "root/d/k" not in s3.keys("root/")
+    with pytest.raises(NotFound):
+        st.delete("d/k", ABSENT)
+
+
+def test_only_one_of_racing_creators_wins(s3: S3Env) -> None:
+    st = storage(s3)
+    wins: list[int] = []
+    losses: list[int] = []
+
+    def create(n: int) -> None:
+        try:
+            st.put("race", [str(n).encode()], ABSENT)
+            wins.append(n)
+        except SourceChanged:
+            losses.append(n)
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(wins) == 1 and len(losses) == 7
+    assert s3.get("root/race") == str(wins[0]).encode()
+
+
+def test_append_to_a_small_object_rebuilds_it(s3: S3Env) -> None:
+    st = storage(s3)
+    first = st.put("small", [b"abc"], ABSENT)
+    s3.proxy.reset_counts()
+    second = st.append("small", [b"de", b"f"], first.version)
+    assert s3.get("root/small") == b"abcdef" and second.size == 6
+    assert s3.proxy.counts()["PUT"] == 1
+    with pytest.raises(SourceChanged):
+        st.append("small", [b"x"], first.version)
+    with pytest.raises(NotFound):
+        st.append("missing", [b"x"], ABSENT)
+    assert s3.get("root/small") == b"abcdef"
+
+
+def test_append_to_a_big_object_copies_it_on_the_server(s3: S3Env) -> None:
+    st = storage(s3)
+    body = bytes(range(256)) * (MIN_PART // 256 + 1)
+    first = st.put("big", [body], ABSENT)
+    s3.proxy.reset_counts()
+    second = st.append("big", [b"tail"], first.version)
+    counts = s3.proxy.counts()
+    assert counts["UploadPartCopy"] == 1 and counts["UploadPart"] == 1
+    assert counts["CompleteMultipartUpload"] == 1
+    assert counts["GET"] + counts["GET range"] == 0, "nothing downloaded"
+    assert s3.get("root/big") == body + b"tail"
+    assert st.stat("big") == second and second.size == len(body) + 4
+    assert st.read("big", len(body) - 2, 6, second.version) == body[-2:] + b"tail"
+
+
+def test_a_big_append_that_loses_a_race_changes_nothing(s3: S3Env) -> None:
+    st = storage(s3)
+    body = b"x" * MIN_PART
+    first = st.put("big", [body], ABSENT)
+    # Another writer replaces the object after our HEAD, before our upload completes.
+    s3.proxy.before(
+        lambda _request: s3.put("root/big", b"theirs"),
+        method="POST",
+        key="root/big",
+        query="uploadId",
+    )
+    with pytest.raises(SourceChanged):
+        st.append("big", [b"ours"], first.version)
+    assert s3.get("root/big") == b"theirs"
+    uploads = s3.admin.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    assert uploads == [], "the failed upload was aborted"
+    assert st.stat("big").size == 6  # type: ignore[union-attr]
+
+
+def test_failed_and_cut_short_requests_are_retried(s3: S3Env) -> None:
+    s3.put("root/k", bytes(range(200)))
+    st = storage(s3, timeout=1.0)
+    version = st.stat("k").version  # type: ignore[union-attr]
+    s3.proxy.fail(503, method="GET", count=2)
+    assert st.read("k", 0, 200, version) == bytes(range(200))
+    s3.proxy.truncate(method="GET", count=2)
+    assert st.read("k", 10, 100, version) == bytes(range(10, 110))
+    s3.proxy.slow(3.0, method="GET", count=1)
+    assert st.read("k", 0, 5, version) == bytes(range(5))
+    s3.proxy.fail(500, method="PUT", count=1)
+    st.put("k", [b"new"], version)
+    assert s3.get("root/k") == b"new"
+
+
+def test_persistent_failures_become_one_storage_error(s3: S3Env) -> None:
+    s3.put("root/k", b"data")
+    st = storage(s3, attempts=2)
+    version = st.stat("k").version  # type: ignore[union-attr]
+    s3.proxy.fail(503, method="GET", count=None)
+    with pytest.raises(StorageError) as error:
+        st.read("k", 0, 4, version)
+    assert f"s3://{s3.bucket}/root/k" in str(error.value)
+    assert "testing" not in str(error.value)  # no credentials in messages
+    with pytest.raises(StorageError):
+        storage(s3, prefix="", attempts=1).list("elsewhere")
+
+
+def test_recover_aborts_uploads_of_dead_writers(s3: S3Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = storage(s3)
+    dead = s3.admin.create_multipart_upload(Bucket=s3.bucket, Key="root/a/shard")
+    s3.admin.create_multipart_upload(Bucket=s3.bucket, Key="elsewhere/shard")
+    assert st.pending_recovery() == ["a/shard"]
+    assert st.recover() == [], "a recent upload may be a live writer's"
+    monkeypatch.setattr("shardfs.storage.s3.STALE_UPLOAD", timedelta(0))
+    [line] = st.recover()
+    assert "root/a/shard" in line
+    uploads = s3.admin.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    assert [u["Key"] for u in uploads] == ["elsewhere/shard"]
+    assert dead["UploadId"] not in {u["UploadId"] for u in uploads}
