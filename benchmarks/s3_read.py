@@ -45,7 +45,8 @@ PLANE = (512, 512)
 
 def generate(size_mib: int) -> np.ndarray:
     """A smooth field with small noise: zstd shrinks each chunk to about a third."""
-    depth = max(SHARDS[0], size_mib // (PLANE[0] * PLANE[1] >> 20) // SHARDS[0] * SHARDS[0])
+    planes = (size_mib << 20) // (PLANE[0] * PLANE[1])
+    depth = max(SHARDS[0], planes // SHARDS[0] * SHARDS[0])
     z, y, x = np.ogrid[:depth, : PLANE[0], : PLANE[1]]
     smooth = (40 * np.sin(z / 50) + 40 * np.cos(y / 70) + 30 * np.sin(x / 40) + 128).astype(
         np.uint8
@@ -90,8 +91,9 @@ def main() -> int:
             server.start()
         try:
             with bucket(server, "bench") as s3:
-                array = zarr.create_array(
-                    s3.zarr_store("data/a", direct=True),
+                group = zarr.open_group(s3.zarr_store("data", direct=True), mode="w")
+                array = group.create_array(
+                    "a",
                     shape=data.shape,
                     dtype=data.dtype,
                     chunks=CHUNKS,

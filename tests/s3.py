@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
@@ -248,6 +248,16 @@ def etag_matches(condition: str, etag: str) -> bool:
 KeyMatch = str | Callable[[str], bool] | None
 
 
+class Match(TypedDict, total=False):
+    """Which requests a rule affects (see `Rule`); `count` is how many (None: all, default 1)."""
+
+    method: str | None
+    key: KeyMatch
+    range: bool | None
+    query: str | None
+    count: int | None
+
+
 @dataclass
 class Rule:
     """A fault for requests that match; `hits` counts those it affected."""
@@ -327,61 +337,24 @@ class S3Proxy:
         with self._lock:
             self._delay = seconds
 
-    def fail(
-        self,
-        status: int = 503,
-        *,
-        code: str | None = None,
-        method: str | None = None,
-        key: KeyMatch = None,
-        range: bool | None = None,
-        query: str | None = None,
-        count: int | None = 1,
-    ) -> Rule:
+    def fail(self, status: int = 503, *, code: str | None = None, **match: Unpack[Match]) -> Rule:
         """Answer matching requests with `status` and an S3 error body, without forwarding."""
         if code is None and status not in ERRORS:
             raise ValueError(f"give the S3 error code for status {status}")
         code = code or ERRORS[status][0]
-        return self._add(Rule("fail", method, key, range, query, count, status=status, code=code))
+        return self._add("fail", match, status=status, code=code)
 
-    def slow(
-        self,
-        seconds: float,
-        *,
-        method: str | None = None,
-        key: KeyMatch = None,
-        range: bool | None = None,
-        query: str | None = None,
-        count: int | None = 1,
-    ) -> Rule:
+    def slow(self, seconds: float, **match: Unpack[Match]) -> Rule:
         """Forward at once (the request takes effect) but hold the answer back `seconds`."""
-        return self._add(Rule("slow", method, key, range, query, count, seconds=seconds))
+        return self._add("slow", match, seconds=seconds)
 
-    def truncate(
-        self,
-        *,
-        keep: int | None = None,
-        method: str | None = None,
-        key: KeyMatch = None,
-        range: bool | None = None,
-        query: str | None = None,
-        count: int | None = 1,
-    ) -> Rule:
+    def truncate(self, *, keep: int | None = None, **match: Unpack[Match]) -> Rule:
         """Forward, send the real headers but only `keep` body bytes (default half), then close."""
-        return self._add(Rule("truncate", method, key, range, query, count, keep=keep))
+        return self._add("truncate", match, keep=keep)
 
-    def before(
-        self,
-        callback: Callable[[RequestInfo], Any],
-        *,
-        method: str | None = None,
-        key: KeyMatch = None,
-        range: bool | None = None,
-        query: str | None = None,
-        count: int | None = 1,
-    ) -> Rule:
+    def before(self, callback: Callable[[RequestInfo], Any], **match: Unpack[Match]) -> Rule:
         """Run `callback(request)` in the proxy just before forwarding a matching request."""
-        return self._add(Rule("before", method, key, range, query, count, callback=callback))
+        return self._add("before", match, callback=callback)
 
     def counts(self) -> Counter[str]:
         """Requests received per kind (see `classify`), injected failures included."""
@@ -400,7 +373,16 @@ class S3Proxy:
 
     # Used by the handler
 
-    def _add(self, rule: Rule) -> Rule:
+    def _add(self, action: str, match: Match, **effect: Any) -> Rule:
+        rule = Rule(
+            action,
+            match.get("method"),
+            match.get("key"),
+            match.get("range"),
+            match.get("query"),
+            match.get("count", 1),
+            **effect,
+        )
         with self._lock:
             self._rules.append(rule)
         return rule

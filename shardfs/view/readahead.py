@@ -5,10 +5,12 @@ its own ranged GET would pay one round trip per chunk. Instead, when a
 reader walks neighbouring chunks of one shard, the chunks that follow in the
 shard are fetched with the one it asked for, in one ranged GET (reading over
 gaps smaller than the store's `request_cost`), into a bounded cache where
-the next reads find them. The window starts small, so a random reader
-wastes little, and doubles with each fetch from the same shard version, up
-to `MAX_WINDOW`. Fetches in flight are shared: a read of a chunk that is on
-its way waits for it rather than asking again.
+the next reads find them. Chunks before the one asked for count too, as
+concurrent readers do not ask in order. The first fetch from a shard version is small
+(`FIRST_WINDOW`), so a random reader wastes little; a second read from the
+same shard version shows a reader walking it, and every fetch from then on
+takes up to `MAX_WINDOW`. Fetches in flight are shared: a read of a chunk
+that is on its way waits for it rather than asking again.
 
 Entries are keyed by the shard's version, so bytes of two versions never mix.
 """
@@ -30,10 +32,12 @@ from shardfs.storage.blocking import WouldBlock, may_block
 from shardfs.view.cache import LruCache
 
 #: The first fetch from a shard: small, as one chunk may be all a reader wants.
+#: (At least the store's `request_cost`: up to that, more bytes cost less than
+#: the second request they may save.)
 FIRST_WINDOW = 256 << 10
-#: The largest fetch (also limited to a quarter of the cache).
+#: Every later fetch from the same shard (also limited to a quarter of the cache).
 MAX_WINDOW = 16 << 20
-#: Shards whose window size is remembered.
+#: Shards remembered as read from.
 TRACKED_SHARDS = 4096
 
 
@@ -77,7 +81,7 @@ class ReadAhead:
         self.storage = storage
         self.enabled = storage.request_cost > 0 and budget > 0
         self.cache: LruCache[bytes] = LruCache(budget, len)
-        self.max_window = max(FIRST_WINDOW, min(MAX_WINDOW, budget // 4))
+        self.max_window = max(FIRST_WINDOW, storage.request_cost, min(MAX_WINDOW, budget // 4))
         self._lock = threading.Lock()
         self._pending: dict[ChunkKey, Future[None]] = {}
         self._windows: OrderedDict[tuple[str, Hashable], int] = OrderedDict()
@@ -111,40 +115,46 @@ class ReadAhead:
                 waiting.result()
 
     def _plan(self, key: str, table: HasExtents, offset: int, nbytes: int) -> list[ChunkKey]:
-        """The chunks to fetch with the one at `offset`: it, and those that follow it
-        within the shard's window, up to a big gap or one already cached or on its way."""
+        """The chunks to fetch with the one at `offset` (first in the list): its neighbours
+        in the shard within the window, on both sides (concurrent readers do not ask in
+        order), up to a gap bigger than `request_cost` (chunks already cached or on their
+        way count as gap: reading over them beats another request)."""
         version = table.stat.version
         shard = (key, version)
-        window = self._windows.get(shard)
-        window = FIRST_WINDOW if window is None else min(self.max_window, 2 * window)
+        first = max(FIRST_WINDOW, self.storage.request_cost)
+        window = first if shard not in self._windows else self.max_window
         self._windows[shard] = window
         self._windows.move_to_end(shard)
         if len(self._windows) > TRACKED_SHARDS:
             self._windows.popitem(last=False)
-        plan: list[ChunkKey] = [(key, version, offset, nbytes)]
         extents = table.extents
-        end = offset + nbytes
-        at = int(np.searchsorted(extents.starts, offset, side="right"))
-        gap = self.storage.request_cost
-        for start, size in zip(
-            extents.starts[at:].tolist(), extents.sizes[at:].tolist(), strict=True
-        ):
-            chunk = (key, version, start, size)
-            if (
-                start + size - offset > window
-                or start - end > gap
-                or chunk in self._pending
-                or self.cache.peek(chunk) is not None
-            ):
-                break
-            if start + size <= end:
-                continue  # lies within what is fetched already (a duplicate entry)
-            plan.append(chunk)
-            end = start + size
+        starts, sizes = extents.starts, extents.sizes
+        at = int(np.searchsorted(starts, offset, side="left"))
+        low, high = offset, offset + nbytes
+        plan: list[ChunkKey] = [(key, version, offset, nbytes)]
+        for step in (1, -1):
+            i = at + 1 if step == 1 else at - 1
+            while 0 <= i < len(starts):
+                start, size = int(starts[i]), int(sizes[i])
+                chunk = (key, version, start, size)
+                if start >= low and start + size <= high:
+                    i += step
+                    continue  # within what is fetched already (the same chunk, or a duplicate)
+                if chunk in self._pending or self.cache.peek(chunk) is not None:
+                    i += step
+                    continue  # had already: no reason to fetch it, but no reason to stop
+                gap = start - high if step == 1 else low - (start + size)
+                span = max(high, start + size) - min(low, start)
+                if span > window or gap > self.storage.request_cost:
+                    break
+                plan.append(chunk)
+                low, high = min(low, start), max(high, start + size)
+                i += step
         return plan
 
     def _fetch(self, wanted: ChunkKey, plan: list[ChunkKey], future: Future[None]) -> bytes:
-        key, version, start, _ = plan[0]
+        key, version, _, _ = wanted
+        start = min(offset for _, _, offset, _ in plan)
         end = max(offset + size for _, _, offset, size in plan)
         try:
             data = self.storage.read(key, start, end - start, version)
@@ -153,7 +163,7 @@ class ReadAhead:
             for chunk in plan[1:]:
                 _, _, offset, size = chunk
                 self.cache.put(chunk, data[offset - start : offset - start + size])
-            return data[: wanted[3]]
+            return data[wanted[2] - start : wanted[2] - start + wanted[3]]
         finally:
             with self._lock:
                 for chunk in plan:

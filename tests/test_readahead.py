@@ -1,0 +1,113 @@
+"""Read-ahead of neighbouring chunks (`shardfs.view.readahead`), on a store that counts reads."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardfs.formats.shard_index import EMPTY
+from shardfs.storage import LocalStorage, Stat
+from shardfs.storage.blocking import WouldBlock, nonblocking
+from shardfs.view.readahead import HasExtents, ReadAhead
+
+KIB = 1 << 10
+
+
+class CountingStorage(LocalStorage):
+    """A local directory that claims costly requests and records every read."""
+
+    request_cost = 1 << 20
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[tuple[int, int]] = []
+
+    def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
+        self.reads.append((offset, length))
+        return super().read(key, offset, length, version)
+
+
+@dataclass(frozen=True, eq=False)
+class Table(HasExtents):
+    stat: Stat
+    entries: np.ndarray
+
+
+def shard(tmp_path: Path, sizes: list[int], gaps: dict[int, int] | None = None):
+    """A shard file of chunks of `sizes` (chunk i holds byte i), `gaps[i]` bytes before chunk i."""
+    data, entries = bytearray(), []
+    for i, size in enumerate(sizes):
+        data += b"\xff" * (gaps or {}).get(i, 0)
+        entries.append((len(data), size))
+        data += bytes([i]) * size
+    entries.append((int(EMPTY), int(EMPTY)))  # an empty slot is never fetched
+    (tmp_path / "s").write_bytes(bytes(data))
+    storage = CountingStorage(tmp_path)
+    stat = storage.stat("s")
+    assert stat is not None
+    table = Table(stat, np.array(entries, dtype=np.uint64).reshape(len(entries), 2))
+    return storage, table, entries[:-1]
+
+
+def test_a_walk_costs_two_reads_and_chunks_come_back_exact(tmp_path: Path) -> None:
+    storage, table, entries = shard(tmp_path, [300 * KIB] * 10)
+    ahead = ReadAhead(storage, 64 << 20)
+    order = [4, 5, 3, 6, 0, 1, 2, 7, 8, 9]  # concurrent readers do not ask in order
+    for i in order:
+        offset, size = entries[i]
+        assert ahead.read("s", table, offset, size) == bytes([i]) * size
+    # The first read takes 1 MiB around chunk 4; the second, the rest of the shard.
+    assert len(storage.reads) == 2, storage.reads
+    assert storage.reads[0][1] <= 1 << 20
+
+
+def test_a_single_read_fetches_little(tmp_path: Path) -> None:
+    storage, table, entries = shard(tmp_path, [300 * KIB] * 10)
+    ahead = ReadAhead(storage, 64 << 20)
+    ahead.read("s", table, *entries[0])
+    assert storage.reads == [(0, 900 * KIB)]
+
+
+def test_big_gaps_are_not_read_over(tmp_path: Path) -> None:
+    storage, table, entries = shard(tmp_path, [100 * KIB] * 4, gaps={2: 2 << 20})
+    ahead = ReadAhead(storage, 64 << 20)
+    ahead.read("s", table, *entries[0])
+    ahead.read("s", table, *entries[1])
+    assert ahead.read("s", table, *entries[2]) == bytes([2]) * 100 * KIB
+    assert storage.reads == [(0, 200 * KIB), (entries[2][0], 200 * KIB)]
+
+
+def test_cached_reads_need_no_blocking_and_misses_say_so(tmp_path: Path) -> None:
+    storage, table, entries = shard(tmp_path, [100 * KIB] * 3)
+    ahead = ReadAhead(storage, 64 << 20)
+    ahead.read("s", table, *entries[0])
+    with nonblocking():
+        assert ahead.read("s", table, *entries[1]) == bytes([1]) * 100 * KIB
+        ahead.cache.discard(("s", table.stat.version, *entries[2]))
+        with pytest.raises(WouldBlock):
+            ahead.read("s", table, *entries[2])
+
+
+def test_versions_never_mix(tmp_path: Path) -> None:
+    storage, table, entries = shard(tmp_path, [100 * KIB] * 3)
+    ahead = ReadAhead(storage, 64 << 20)
+    ahead.read("s", table, *entries[0])
+    _, table2, _ = shard(tmp_path, [100 * KIB] * 3, gaps={0: 1})  # rewritten
+    other = Table(table2.stat, table.entries)  # the old places, in the new version
+    offset, size = entries[1]
+    expected = (tmp_path / "s").read_bytes()[offset : offset + size]
+    assert expected != bytes([1]) * size
+    assert ahead.read("s", other, offset, size) == expected
+
+
+def test_stores_with_cheap_requests_only_pass_reads_through(tmp_path: Path) -> None:
+    storage, table, entries = shard(tmp_path, [100 * KIB] * 3)
+    storage.request_cost = 0
+    ahead = ReadAhead(storage, 64 << 20)
+    for entry in entries:
+        ahead.read("s", table, *entry)
+    assert storage.reads == entries
