@@ -96,9 +96,8 @@ class S3Config:
 
 @dataclass
 class _Listing:
-    """A directory's entries as listed at `expires - ttl`."""
+    """A directory's entries (only the first page's if not `complete`)."""
 
-    expires: float
     entries: dict[str, Stat]
     complete: bool
 
@@ -264,7 +263,7 @@ class S3Storage(Storage):
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token or first_page_only:
                 break
-        listing = _Listing(0.0, entries, complete=token is None or not page.get("IsTruncated"))
+        listing = _Listing(entries, complete=token is None or not page.get("IsTruncated"))
         self._cache.put("list", key, listing, listing.cost)
         return listing
 
