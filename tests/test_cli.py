@@ -181,6 +181,10 @@ def test_read_only_refuses_writes_and_debug_traces_requests(tmp_path: Path, sour
         assert info.value.errno == errno.EROFS
         os.listdir(mounted.path / "c")
         assert "lookup" in mounted.log() and "DEBUG" in mounted.log()
+        for _ in range(3):
+            (mounted.path / "zarr.json").read_bytes()
+        # Nothing is stored on close: the first flush tells the kernel to send no more.
+        assert mounted.log().count(" flush(") == 1, mounted.log()
     finally:
         stop_mount(mounted)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +26,11 @@ class CountingStorage(LocalStorage):
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.reads: list[tuple[int, int]] = []
+        self.keys: list[str] = []
 
     def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
         self.reads.append((offset, length))
+        self.keys.append(key)
         return super().read(key, offset, length, version)
 
 
@@ -37,7 +40,7 @@ class Table(HasExtents):
     entries: np.ndarray
 
 
-def shard(tmp_path: Path, sizes: list[int], gaps: dict[int, int] | None = None):
+def shard(tmp_path: Path, sizes: list[int], gaps: dict[int, int] | None = None, name: str = "s"):
     """A shard file of chunks of `sizes` (chunk i holds byte i), `gaps[i]` bytes before chunk i."""
     data, entries = bytearray(), []
     for i, size in enumerate(sizes):
@@ -45,9 +48,9 @@ def shard(tmp_path: Path, sizes: list[int], gaps: dict[int, int] | None = None):
         entries.append((len(data), size))
         data += bytes([i]) * size
     entries.append((int(EMPTY), int(EMPTY)))  # an empty slot is never fetched
-    (tmp_path / "s").write_bytes(bytes(data))
+    (tmp_path / name).write_bytes(bytes(data))
     storage = CountingStorage(tmp_path)
-    stat = storage.stat("s")
+    stat = storage.stat(name)
     assert stat is not None
     table = Table(stat, np.array(entries, dtype=np.uint64).reshape(len(entries), 2))
     return storage, table, entries[:-1]
@@ -111,3 +114,48 @@ def test_stores_with_cheap_requests_only_pass_reads_through(tmp_path: Path) -> N
     for entry in entries:
         ahead.read("s", table, *entry)
     assert storage.reads == entries
+
+
+def test_a_walker_of_a_shard_gets_the_next_shards_fetched_ahead(tmp_path: Path) -> None:
+    tables = {}
+    for name in ("s0", "s1", "s2", "s3"):
+        storage, tables[name], entries = shard(tmp_path, [300 * KIB] * 4, name=name)
+    ahead = ReadAhead(storage, 64 << 20)
+    asked: list[int] = []
+
+    def next_shard(n: int):
+        asked.append(n)
+        name = f"s{n}"
+        return (name, tables[name]) if name != "s2" else None  # s2 does not exist
+
+    ahead.read("s0", tables["s0"], *entries[0], next_shard)
+    assert asked == [], "one read is not a walk: nothing is fetched ahead"
+    ahead.read("s0", tables["s0"], *entries[3], next_shard)
+    deadline = time.monotonic() + 10
+    while sorted(asked) != [1, 2] or "s1" not in storage.keys:
+        assert time.monotonic() < deadline, (asked, storage.keys)
+        time.sleep(0.01)
+    before = len(storage.reads)
+    for i in range(4):
+        assert ahead.read("s1", tables["s1"], *entries[i]) == bytes([i]) * 300 * KIB
+    assert len(storage.reads) == before, "the walker finds the next shard in memory"
+    assert storage.keys.count("s1") == 1, storage.keys
+
+
+def test_a_failed_prefetch_leaves_reads_alone(tmp_path: Path) -> None:
+    storage, table, entries = shard(tmp_path, [300 * KIB] * 4)
+    ahead = ReadAhead(storage, 64 << 20)
+    failures: list[int] = []
+
+    def broken(n: int):
+        failures.append(n)
+        raise OSError("index unreadable")
+
+    for i in range(4):
+        assert ahead.read("s", table, *entries[i], broken) == bytes([i]) * 300 * KIB
+    deadline = time.monotonic() + 10
+    while len(failures) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert sorted(failures) == [1, 2], "asked once per walked shard"

@@ -67,6 +67,31 @@ def test_tree_from_listings(s3: S3Env) -> None:
     assert st.describe("a/x") == f"s3://{s3.bucket}/root/a/x"
 
 
+def test_one_list_answers_the_subtree(s3: S3Env) -> None:
+    keys = ["root/a/1", "root/a/2", "root/b/c/1", "root/b/c/2", "root/b/d/1", "root/z"]
+    for key in keys:
+        s3.put(key, key.encode())
+    st = storage(s3)
+    s3.proxy.reset_counts()
+    assert st.stat("z") is not None  # lists the root's whole subtree
+    assert st.stat("b/d/1") is not None
+    assert {e.name for e in st.list("b/c")} == {"1", "2"}
+    assert st.stat("a/3") is None and st.stat("b/e") is None
+    assert s3.proxy.counts() == {"LIST": 1}, "one page of the whole tree answered all"
+
+    # A truncated page answers the directories it went past, and no more.
+    small = storage(s3)
+    small.page_size = 3  # the page ends at root/b/c/1
+    s3.proxy.reset_counts()
+    assert small.stat("a/1") is not None and small.stat("a/3") is None
+    assert s3.proxy.counts() == {"LIST": 1}
+    assert small.stat("b/c/2") is not None, "b/c was cut by the page: listed again"
+    assert s3.proxy.counts() == {"LIST": 2}
+    assert [e.name for e in small.list("")] == ["a", "b", "z"]
+    assert {e.name: e.stat.size for e in small.list("b")} == {"c": 0, "d": 0}
+    assert small.stat("z") is not None and small.stat("b/d/1") is not None
+
+
 def test_stat_without_a_cached_listing_is_one_list(s3: S3Env) -> None:
     s3.put("root/d/e/f", b"123")
     st = storage(s3)

@@ -7,8 +7,9 @@ version is an object's ETag, so every read that names a version is sent with
 
 Listings and object stats are cached for `metadata_ttl` seconds (one cache,
 one budget); `stat` is answered from the parent directory's listing, so
-looking up the files of a directory costs one LIST request, not one HEAD
-each. Our own writes update the cache at once; a 412 drops what was cached
+looking up the files of a directory costs no HEAD requests, and a listing
+is taken of a whole subtree at once, so a small tree costs one LIST
+request in all. Our own writes update the cache at once; a 412 drops what was cached
 about the object, so the next stat sees the new version.
 
 Writes are conditional (`If-Match` on the ETag, `If-None-Match: *` for a new
@@ -170,6 +171,8 @@ class S3Storage(Storage):
 
     #: A round trip of tens of milliseconds is worth about this much transfer.
     request_cost = 1 << 20
+    #: Keys per LIST page (S3's maximum).
+    page_size = 1000
 
     def __init__(self, bucket: str, prefix: str = "", config: S3Config | None = None) -> None:
         self.bucket = bucket
@@ -241,12 +244,25 @@ class S3Storage(Storage):
         return [Entry(name, stat) for name, stat in listing.entries.items()]
 
     def _listing(self, key: str, first_page_only: bool) -> _Listing:
-        """List directory `key` (one page, or all) and cache what was listed."""
+        """List directory `key` (one page, or all) and cache what was listed.
+
+        The first request lists the whole subtree (no delimiter): a sharded
+        tree holds few objects, so one page usually answers every directory
+        below `key` as well, instead of one LIST per directory level.
+        """
+        listing = self._list_tree(key)
+        if listing.complete or first_page_only:
+            return listing
         prefix = self._dir_prefix(key)
         entries: dict[str, Stat] = {}
         token: str | None = None
         while True:
-            request = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/"}
+            request = {
+                "Bucket": self.bucket,
+                "Prefix": prefix,
+                "Delimiter": "/",
+                "MaxKeys": self.page_size,
+            }
             if token:
                 request["ContinuationToken"] = token
             page = self._call("list", key, lambda r=request: self._s3.list_objects_v2(**r))
@@ -257,15 +273,50 @@ class S3Storage(Storage):
             for item in page.get("Contents", ()):
                 name = item["Key"][len(prefix) :]
                 if name and "/" not in name:  # "dir/" itself is a console's folder marker
-                    entries[name] = Stat(
-                        False, item["Size"], _mtime_ns(item.get("LastModified")), item["ETag"]
-                    )
+                    entries[name] = self._object_stat(item)
             token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token or first_page_only:
+            if not page.get("IsTruncated") or not token:
                 break
-        listing = _Listing(entries, complete=token is None or not page.get("IsTruncated"))
+        listing = _Listing(entries, complete=True)
         self._cache.put("list", key, listing, listing.cost)
         return listing
+
+    def _list_tree(self, key: str) -> _Listing:
+        """One page of every object below directory `key`: caches the listing of each
+        directory the page covers whole, and returns `key`'s (partial if truncated)."""
+        prefix = self._dir_prefix(key)
+        request = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.page_size}
+        page = self._call("list", key, lambda: self._s3.list_objects_v2(**request))
+        contents = page.get("Contents", ())
+        truncated = bool(page.get("IsTruncated"))
+        listings: dict[str, dict[str, Stat]] = {key: {}}
+        for item in contents:
+            directory = key
+            parts = item["Key"][len(prefix) :].split("/")
+            for i, part in enumerate(parts):
+                if not part:  # an empty component: nothing below it can be shown
+                    break
+                if i == len(parts) - 1:
+                    listings[directory][part] = self._object_stat(item)  # a file wins a name
+                else:
+                    listings[directory].setdefault(part, self._dir_stat)
+                    directory = f"{directory}/{part}" if directory else part
+                    listings.setdefault(directory, {})
+        last = contents[-1]["Key"] if contents else ""
+        for directory, entries in listings.items():
+            below = self._dir_prefix(directory)
+            # Keys come in order, so a directory is whole once the page went past it.
+            complete = not truncated or (
+                directory != key and last > below and not last.startswith(below)
+            )
+            if complete or directory == key:
+                listing = _Listing(entries, complete)
+                self._cache.put("list", directory, listing, listing.cost)
+        return self._cache.get("list", key) or _Listing(listings[key], not truncated)
+
+    @staticmethod
+    def _object_stat(item: dict[str, Any]) -> Stat:
+        return Stat(False, item["Size"], _mtime_ns(item.get("LastModified")), item["ETag"])
 
     def _head(self, key: str) -> Stat | None:
         try:

@@ -276,7 +276,14 @@ class Reader:
 
     def _read(self, offset: int, size: int) -> bytes:
         if self._table is not None and offset == 0 and size == self._stored:
-            return self._ns.read_ahead.read(self._key, self._table, self._base, size)
+            array, coords = self.node.array, self.node.coords
+            return self._ns.read_ahead.read(
+                self._key,
+                self._table,
+                self._base,
+                size,
+                lambda n: self._ns.next_shard(array, array.layout.shard_of(coords)[0], n),
+            )
         storage = self._ns.storage
         if not storage.request_cost:
             return storage.read(self._key, self._base + offset, size, self._stat.version)
@@ -576,6 +583,19 @@ class Namespace:
             except SourceChanged:
                 continue  # rewritten while we read its index: read the new one
         raise StorageError(f"{self.storage.describe(key)} keeps changing while its index is read")
+
+    def next_shard(
+        self, array: ArrayView, shard: tuple[int, ...], n: int
+    ) -> tuple[str, ShardTable] | None:
+        """The `n`-th shard after `shard` in C order, with its table, if it exists: where a
+        reader walking the whole array goes next."""
+        grid = array.layout.shard_grid
+        position = int(np.ravel_multi_index(shard, grid)) + n
+        if position >= math.prod(grid):
+            return None
+        coords = tuple(int(c) for c in np.unravel_index(position, grid))
+        table = self.table(array, coords)
+        return (self.shard_key(array, coords), table) if table is not None else None
 
     def _load_table(self, array: ArrayView, key: str, stat: Stat) -> ShardTable:
         layout = array.layout

@@ -12,15 +12,22 @@ same shard version shows a reader walking it, and every fetch from then on
 takes up to `MAX_WINDOW`. Fetches in flight are shared: a read of a chunk
 that is on its way waits for it rather than asking again.
 
+A reader walking a shard is likely to walk the next one too (readers of a
+whole array go in C order), so the first window of the shard that follows
+is fetched at the same time, in the background: by the time the reader gets
+there, its index and first chunks are in memory instead of two round trips
+away.
+
 Entries are keyed by the shard's version, so bytes of two versions never mix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from functools import cached_property
 
@@ -39,6 +46,15 @@ FIRST_WINDOW = 256 << 10
 MAX_WINDOW = 16 << 20
 #: Shards remembered as read from.
 TRACKED_SHARDS = 4096
+#: Background prefetches at once.
+PREFETCHES = 4
+#: Shards fetched ahead of a walker (readers of a whole array walk two at once
+#: when a row of chunks crosses two shards).
+AHEAD = 2
+#: What a shard version has seen: one fetch; a reader walking it; its walker's next shard asked for.
+FETCHED, WALKED, NEXT_ASKED = 1, 2, 3
+
+log = logging.getLogger("shardfs")
 
 
 class Extents:
@@ -68,6 +84,8 @@ class HasExtents:
 
 
 ChunkKey = tuple[str, Hashable, int, int]
+#: Finds the n-th shard a walker of this one goes to next: (key, table), or None.
+NextShard = Callable[[int], "tuple[str, HasExtents] | None"]
 
 
 class ReadAhead:
@@ -84,13 +102,26 @@ class ReadAhead:
         self.max_window = max(FIRST_WINDOW, storage.request_cost, min(MAX_WINDOW, budget // 4))
         self._lock = threading.Lock()
         self._pending: dict[ChunkKey, Future[None]] = {}
-        self._windows: OrderedDict[tuple[str, Hashable], int] = OrderedDict()
+        #: What each recent shard version has seen (FETCHED, WALKED or NEXT_ASKED).
+        self._seen: OrderedDict[tuple[str, Hashable], int] = OrderedDict()
+        self._prefetching = threading.BoundedSemaphore(PREFETCHES)
         #: Ranged reads issued, and chunks they brought that had not been asked for.
         self.fetches = 0
         self.prefetched = 0
 
-    def read(self, key: str, table: HasExtents, offset: int, nbytes: int) -> bytes:
-        """The `nbytes` bytes at `offset` of shard `key` (version `table.stat.version`)."""
+    def read(
+        self,
+        key: str,
+        table: HasExtents,
+        offset: int,
+        nbytes: int,
+        next_shard: NextShard | None = None,
+    ) -> bytes:
+        """The `nbytes` bytes at `offset` of shard `key` (version `table.stat.version`).
+
+        `next_shard` is called, in the background, once a reader is seen walking this shard,
+        to fetch ahead the shards the reader goes to next.
+        """
         version = table.stat.version
         if not self.enabled:
             return self.storage.read(key, offset, nbytes, version)
@@ -98,21 +129,48 @@ class ReadAhead:
         while True:
             data = self.cache.peek(wanted)
             if data is not None:
+                self._ask_next((key, version), next_shard)
                 return data
             if not may_block():
                 raise WouldBlock
             with self._lock:
                 waiting = self._pending.get(wanted)
                 if waiting is None:
+                    self._note((key, version), min(WALKED, self._seen.get((key, version), 0) + 1))
                     plan = self._plan(key, table, offset, nbytes)
                     future: Future[None] = Future()
                     for chunk in plan:
                         self._pending[chunk] = future
             if waiting is None:
+                self._ask_next((key, version), next_shard)
                 return self._fetch(wanted, plan, future)
             # If its fetch failed, the next round fetches it here and meets the error first-hand.
             with contextlib.suppress(Exception):
                 waiting.result()
+
+    def _note(self, shard: tuple[str, Hashable], state: int) -> None:
+        self._seen[shard] = state
+        self._seen.move_to_end(shard)
+        if len(self._seen) > TRACKED_SHARDS:
+            self._seen.popitem(last=False)
+
+    def _ask_next(self, shard: tuple[str, Hashable], next_shard: NextShard | None) -> None:
+        """Once a reader walks `shard`, prefetch the shard it will walk next (once)."""
+        if next_shard is None:
+            return
+        with self._lock:
+            if self._seen.get(shard) != WALKED:
+                return
+            self._seen[shard] = NEXT_ASKED
+        for n in range(1, AHEAD + 1):
+            # When all are busy the shard is skipped: the walker of the one before asks again.
+            if self._prefetching.acquire(blocking=False):
+                threading.Thread(
+                    target=self._prefetch,
+                    args=(next_shard, n),
+                    name="shardfs-prefetch",
+                    daemon=True,
+                ).start()
 
     def _plan(self, key: str, table: HasExtents, offset: int, nbytes: int) -> list[ChunkKey]:
         """The chunks to fetch with the one at `offset` (first in the list): its neighbours
@@ -120,13 +178,10 @@ class ReadAhead:
         order), up to a gap bigger than `request_cost` (chunks already cached or on their
         way count as gap: reading over them beats another request)."""
         version = table.stat.version
-        shard = (key, version)
-        first = max(FIRST_WINDOW, self.storage.request_cost)
-        window = first if shard not in self._windows else self.max_window
-        self._windows[shard] = window
-        self._windows.move_to_end(shard)
-        if len(self._windows) > TRACKED_SHARDS:
-            self._windows.popitem(last=False)
+        if self._seen[(key, version)] == FETCHED:
+            window = max(FIRST_WINDOW, self.storage.request_cost)
+        else:
+            window = self.max_window
         extents = table.extents
         starts, sizes = extents.starts, extents.sizes
         at = int(np.searchsorted(starts, offset, side="left"))
@@ -151,6 +206,35 @@ class ReadAhead:
                 low, high = min(low, start), max(high, start + size)
                 i += step
         return plan
+
+    def _prefetch(self, next_shard: NextShard, n: int) -> None:
+        """Fetch the first window of the `n`-th next shard, as a walker would."""
+        try:
+            found = next_shard(n)
+            if found is not None:
+                self._prefetch_shard(*found)
+        except Exception as e:  # the reader that needs it will meet the error itself
+            log.debug("prefetch of a shard ahead failed: %s", e)
+        finally:
+            self._prefetching.release()
+
+    def _prefetch_shard(self, key: str, table: HasExtents) -> None:
+        extents = table.extents
+        if not len(extents.starts):
+            return
+        with self._lock:
+            shard = (key, table.stat.version)
+            if shard in self._seen:
+                return  # a reader or an earlier prefetch got there first
+            self._note(shard, WALKED)  # its first reader will be walking it
+            first: ChunkKey = (key, shard[1], int(extents.starts[0]), int(extents.sizes[0]))
+            if first in self._pending or self.cache.peek(first) is not None:
+                return
+            plan = self._plan(key, table, first[2], first[3])
+            future: Future[None] = Future()
+            for chunk in plan:
+                self._pending[chunk] = future
+        self.cache.put(first, self._fetch(first, plan, future))
 
     def _fetch(self, wanted: ChunkKey, plan: list[ChunkKey], future: Future[None]) -> bytes:
         key, version, _, _ = wanted
