@@ -51,6 +51,23 @@ def read_view(mounted: Mounted, path: str) -> np.ndarray:
     return zarr.open_array(mounted.path / path, mode="r")[...]
 
 
+def test_a_whole_array_read_costs_few_requests(s3: S3Env, mount) -> None:
+    """One LIST for the tree, each index a suffix range, each shard's chunks in few GETs."""
+    data = values(5)
+    write(s3, "a", data)
+    s3.proxy.reset_counts()
+    mounted: Mounted = mount(s3.url("src"), *s3.mount_options(), "ro")
+    np.testing.assert_array_equal(read_view(mounted, "a"), data)
+    gets = [entry for entry in s3.proxy.log() if entry[0] == "GET" and entry[1].startswith("src/")]
+    shards = {key for _, key, _, _ in gets if "/c/" in key}
+    assert len(shards) == 4
+    indexes = [key for _, key, byte_range, _ in gets if byte_range == f"bytes=-{INDEX}"]
+    assert sorted(indexes) == sorted(shards), gets
+    chunk_gets = sum(1 for _, key, _, _ in gets if key in shards) - len(indexes)
+    assert chunk_gets <= 2 * len(shards), gets
+    assert s3.proxy.counts()["LIST"] <= 2, s3.proxy.log()  # the parent's check, and the daemon
+
+
 def test_retried_faults_leave_reads_correct(s3: S3Env, mount) -> None:
     arrays = {name: values(seed) for seed, name in enumerate(["err", "cut", "slow"])}
     for name, data in arrays.items():

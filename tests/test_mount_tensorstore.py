@@ -4,7 +4,8 @@ tensorstore is an independent writer of `sharding_indexed`, so these tests check
 another implementation's byte layout: index at either end, with or without crc32c, partial edge
 shards, sparse shards, nested sharding, transposes, endianness and every chunk key encoding. The
 view is read back by tensorstore and zarr-python and compared with the numpy data written.
-One source hierarchy and one mount are shared by the whole module to keep it fast.
+One source hierarchy and one mount per backend (a local directory, and S3 that tensorstore
+writes to itself) are shared by the whole module to keep it fast.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import itertools
 import json
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import tensorstore as ts
 import zarr
 from zarr.storage import LocalStore
 
+from tests.backends import BACKENDS, bucket
 from tests.conftest import Mounted, start_mount, stop_mount
 
 pytestmark = pytest.mark.fuse
@@ -315,13 +318,9 @@ def structure_cases() -> Iterator[Case]:
 CASES = [*layout_cases(), *dims_cases(), *dtype_cases(), *structure_cases()]
 
 
-def write_with_tensorstore(root: Path, case: Case) -> str | None:
-    """Write `case` below `root` with tensorstore; the error text if tensorstore refuses."""
-    spec = {
-        "driver": "zarr3",
-        "kvstore": {"driver": "file", "path": f"{root / case.name}/"},
-        "metadata": case.metadata(),
-    }
+def write_with_tensorstore(kvstore: dict[str, Any], case: Case) -> str | None:
+    """Write `case` into `kvstore` with tensorstore; the error text if tensorstore refuses."""
+    spec = {"driver": "zarr3", "kvstore": kvstore, "metadata": case.metadata()}
     try:
         array = ts.open(spec, create=True, delete_existing=True).result()
         for region in case.regions:
@@ -333,30 +332,59 @@ def write_with_tensorstore(root: Path, case: Case) -> str | None:
 
 @dataclass
 class Source:
-    root: Path
     mounted: Mounted
     refused: dict[str, str]
+    #: The stored bytes of a key of the source, read directly.
+    stored: Callable[[str], bytes]
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Source]:
-    """Every case written into one hierarchy (groups written by hand), mounted once, read-only."""
+@pytest.fixture(scope="module", params=BACKENDS)
+def source(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Source]:
+    """Every case written by tensorstore into one hierarchy (groups written by hand) on each
+    backend, mounted once, read-only."""
     base = tmp_path_factory.mktemp("tensorstore")
     root = base / "src"
-    refused = {}
-    for case in CASES:
-        error = write_with_tensorstore(root, case)
-        if error is not None:
-            refused[case.name] = error
-        for group in Path(case.name).parents:
-            if not (root / group / "zarr.json").exists():
-                (root / group).mkdir(parents=True, exist_ok=True)
-                (root / group / "zarr.json").write_text(json.dumps(GROUP))
-    mounted = start_mount(root, base / "mnt", base / "mnt.log", "ro")
-    try:
-        yield Source(root, mounted, refused)
-    finally:
-        stop_mount(mounted)
+    with ExitStack() as stack:
+        if request.param == "local":
+
+            def kvstore(path: str) -> dict[str, Any]:
+                return {"driver": "file", "path": f"{root / path}/"}
+
+            def put(key: str, data: bytes) -> None:
+                (root / key).parent.mkdir(parents=True, exist_ok=True)
+                (root / key).write_bytes(data)
+
+            def stored(key: str) -> bytes:
+                return (root / key).read_bytes()
+
+            url, options = str(root), []
+        else:
+            s3 = stack.enter_context(bucket(request.getfixturevalue("moto_server"), "tensorstore"))
+
+            def kvstore(path: str) -> dict[str, Any]:
+                return s3.tensorstore_kvstore(f"src/{path}")
+
+            def put(key: str, data: bytes) -> None:
+                s3.put(f"src/{key}", data)
+
+            def stored(key: str) -> bytes:
+                return s3.get(f"src/{key}")
+
+            url, options = s3.url("src"), s3.mount_options()
+        refused = {}
+        groups: set[str] = set()
+        for case in CASES:
+            error = write_with_tensorstore(kvstore(case.name), case)
+            if error is not None:
+                refused[case.name] = error
+            groups.update(str(group) for group in Path(case.name).parents)
+        for group in groups:
+            put(str(Path(group, "zarr.json")), json.dumps(GROUP).encode())
+        mounted = start_mount(url, base / "mnt", base / "mnt.log", *options, "ro")
+        stack.callback(stop_mount, mounted)
+        yield Source(mounted, refused, stored)
 
 
 def case_path(source: Source, case: Case) -> Path:
@@ -372,7 +400,7 @@ ids = [case.name for case in CASES]
 def test_view_metadata_is_unsharded(source: Source, case: Case) -> None:
     """The view's zarr.json has the inner chunk grid, no sharding, and everything else unchanged."""
     view = json.loads((case_path(source, case) / "zarr.json").read_text())
-    original = json.loads((source.root / case.name / "zarr.json").read_text())
+    original = json.loads(source.stored(f"{case.name}/zarr.json"))
     assert view["chunk_grid"] == {
         "name": "regular",
         "configuration": {"chunk_shape": list(case.chunks)},

@@ -83,6 +83,14 @@ class Storage(ABC):
         size promised them.
         """
 
+    def read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
+        """The last `length` bytes of version `version` of `key`, which has `size` bytes.
+
+        Where an index sits at the end of an object; a store that can ask for a
+        suffix of an object (S3's `bytes=-N`) does.
+        """
+        return self.read(key, size - length, length, version)
+
     @abstractmethod
     def describe(self, key: str) -> str:
         """A human-readable name of `key` for log lines (never includes credentials)."""

@@ -340,13 +340,22 @@ class S3Storage(Storage):
         return bool(page.get("KeyCount"))
 
     def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
+        return self._get(key, offset, length, f"bytes={offset}-{offset + length - 1}", version)
+
+    def read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
+        return self._get(key, size - length, length, f"bytes=-{length}", version)
+
+    def _get(
+        self, key: str, offset: int, length: int, byte_range: str, version: Hashable | None
+    ) -> bytes:
+        """A ranged GET of `length` bytes at `offset`, asked for as `byte_range`."""
         check_may_block()
         if length <= 0:
             return b""
         request: dict[str, Any] = {
             "Bucket": self.bucket,
             "Key": self._object(key),
-            "Range": f"bytes={offset}-{offset + length - 1}",
+            "Range": byte_range,
         }
         if version is not None:
             request["IfMatch"] = version

@@ -628,7 +628,10 @@ class Namespace:
         """Resolve the view chunks `rows` through the shard (or nested shard) at [start, start+length)."""
         spec = array.layout.levels[level]
         at = start + spec.index_offset(length)
-        raw = self.storage.read(key, at, spec.index_size, stat.version)
+        if level == 0 and not spec.index_at_start:
+            raw = self.storage.read_tail(key, spec.index_size, stat.size, stat.version)
+        else:
+            raw = self.storage.read(key, at, spec.index_size, stat.version)
         index = spec.decode_index(raw, length)
         slots = array.slots[level][rows]
         picked = index[slots]
