@@ -9,18 +9,25 @@ server, both on 127.0.0.1) and compares in one run, interleaved:
       (a fresh daemon each time, so nothing is cached);
   (b) zarr-python 3 reading the same sharded array directly from the same
       endpoint, with its own S3 support (ObjectStore on obstore);
-  (c) as (a), with read-ahead off (`-o read_cache=0`): one GET per chunk.
+  (c) as (a), with read-ahead off (`-o read_cache=0`): one GET per chunk;
+  (d) zarr-python 3 reading the first `--chunk-reads` chunks one at a time
+      (one `array[region]` per chunk, in C order, as a tile viewer or a
+      per-chunk processing loop does), through the mount;
+  (e) as (d), directly from S3.
 
 It prints median seconds, the requests each read made (counted by the proxy,
-mount start-up included), and the ratio (b)/(a) per repetition: above 1 the
-mount is faster. The data is written by zarr-python straight into moto.
+mount start-up included), and the ratios (b)/(a) and (e)/(d) per repetition:
+above 1 the mount is faster. The data is written by zarr-python straight
+into moto.
 
     .venv/bin/python benchmarks/s3_read.py [--size-mib 64] [--delay-ms 20] [--repeat 3]
+        [--chunk-reads 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
@@ -39,6 +46,7 @@ from tests.conftest import Mounted, start_mount, stop_mount  # noqa: E402
 from tests.s3 import MotoServer, S3Env, configure_environment  # noqa: E402
 
 CHUNKS = (32, 64, 64)  # 128 KiB of uint8
+CHUNK_BYTES = 32 * 64 * 64
 SHARDS = (128, 256, 256)  # 64 chunks, 8 MiB before compression
 PLANE = (512, 512)
 
@@ -55,24 +63,33 @@ def generate(size_mib: int) -> np.ndarray:
     return smooth + noise
 
 
-def read_through_mount(s3: S3Env, work: Path, interrupts: Interrupts, *options: str) -> float:
+def read(array: zarr.Array, chunks: int | None) -> float:
+    """Seconds to read the whole array in one call, or its first `chunks` chunks one by one."""
+    start = time.perf_counter()
+    if chunks is None:
+        array[...]
+    else:
+        for coords in itertools.islice(np.ndindex(*array.cdata_shape), chunks):
+            array[tuple(slice(i * n, (i + 1) * n) for i, n in zip(coords, CHUNKS, strict=True))]
+    return time.perf_counter() - start
+
+
+def read_through_mount(
+    s3: S3Env, work: Path, interrupts: Interrupts, *options: str, chunks: int | None = None
+) -> float:
     with interrupts.deferred():
         mounted: Mounted = start_mount(
             s3.url("data"), work / "mnt", work / "mnt.log", *s3.mount_options(), "ro", *options
         )
     try:
-        start = time.perf_counter()
-        zarr.open_array(mounted.path / "a", mode="r")[...]
-        return time.perf_counter() - start
+        return read(zarr.open_array(mounted.path / "a", mode="r"), chunks)
     finally:
         with interrupts.deferred():
             stop_mount(mounted)
 
 
-def read_directly(s3: S3Env) -> float:
-    start = time.perf_counter()
-    zarr.open_array(s3.zarr_store("data/a", read_only=True), mode="r")[...]
-    return time.perf_counter() - start
+def read_directly(s3: S3Env, chunks: int | None = None) -> float:
+    return read(zarr.open_array(s3.zarr_store("data/a", read_only=True), mode="r"), chunks)
 
 
 def main() -> int:
@@ -80,6 +97,7 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=64)
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--chunk-reads", type=int, default=64)
     args = parser.parse_args()
     interrupts = Interrupts()
     configure_environment()
@@ -107,6 +125,8 @@ def main() -> int:
                     "a": lambda: read_through_mount(s3, work, interrupts),
                     "b": lambda: read_directly(s3),
                     "c": lambda: read_through_mount(s3, work, interrupts, "read_cache=0"),
+                    "d": lambda: read_through_mount(s3, work, interrupts, chunks=args.chunk_reads),
+                    "e": lambda: read_directly(s3, chunks=args.chunk_reads),
                 }
                 times: dict[str, list[float]] = {name: [] for name in cases}
                 requests: dict[str, Counter[str]] = {}
@@ -138,7 +158,10 @@ def report(
         "a": "(a) zarr-python 3 through the mount",
         "b": "(b) zarr-python 3 direct from S3 (obstore)",
         "c": "(c) through the mount, read_cache=0",
+        "d": f"(d) {args.chunk_reads} chunks one by one, through the mount",
+        "e": f"(e) {args.chunk_reads} chunks one by one, direct from S3",
     }
+    read_bytes = dict.fromkeys("abc", nbytes) | dict.fromkeys("de", args.chunk_reads * CHUNK_BYTES)
     lines = [
         f"{nbytes >> 20} MiB uint8 array ({stored / (1 << 20):.1f} MiB stored), chunks {CHUNKS},"
         f" shards {SHARDS}; {args.delay_ms:g} ms added to every request; "
@@ -151,16 +174,17 @@ def report(
         seconds = statistics.median(times[name])
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(requests[name].items()))
         total = sum(requests[name].values())
+        rate = read_bytes[name] / seconds / (1 << 20)
+        lines.append(f"| {label} | {seconds:.2f} | {rate:.0f} | {total}: {kinds} |")
+    lines.append("")
+    for mount, direct in (("a", "b"), ("d", "e")):
+        ratios = [d / m for m, d in zip(times[mount], times[direct], strict=True)]
         lines.append(
-            f"| {label} | {seconds:.2f} | {nbytes / seconds / (1 << 20):.0f} | {total}: {kinds} |"
+            f"({direct})/({mount}), time direct over time through the mount: median "
+            f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}); "
+            "above 1 the mount is faster"
         )
-    ratios = [b / a for a, b in zip(times["a"], times["b"], strict=True)]
-    lines += [
-        "",
-        f"(b)/(a), time direct over time through the mount: median {statistics.median(ratios):.2f}"
-        f" (range {min(ratios):.2f}-{max(ratios):.2f}); above 1 the mount is faster",
-        machine(),
-    ]
+    lines.append(machine())
     return "\n".join(lines)
 
 
