@@ -10,6 +10,7 @@ bytes. Two mounts writing different chunks of one shard both keep theirs.
 from __future__ import annotations
 
 import errno
+import os
 import re
 import threading
 from pathlib import Path
@@ -174,6 +175,47 @@ def test_two_mounts_write_different_chunks_of_one_shard(s3: S3Env, mount, big: b
     np.testing.assert_array_equal(stored.read().result(), expected)
     uploads = s3.admin.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
     assert not uploads, "no upload left behind"
+
+
+def commit_together(mounted: Mounted, barrier: threading.Barrier, errors: list) -> None:
+    """fsync the mount's root (a commit of all it buffers) once every party is ready."""
+    fd = os.open(mounted.path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        barrier.wait()
+        os.fsync(fd)
+    except BaseException as e:  # reported by the test's own thread
+        errors.append(e)
+    finally:
+        os.close(fd)
+
+
+def test_two_mounts_commit_one_shard_at_the_same_moment(s3: S3Env, mount) -> None:
+    """Both mounts commit at once (fsync of each mount's root, released together), round
+    after round: whichever order their conditional writes land in, both halves survive."""
+    data = np.zeros(SHAPE, dtype="uint16")
+    write(s3, "a", data, shards=SHAPE)
+    options = [*s3.mount_options(), "flush_interval=3600"]
+    mounts: list[Mounted] = [mount(s3.url("src"), *options), mount(s3.url("src"), *options)]
+    half = SHAPE[0] // 2
+    for value in range(1, 6):
+        zarr.open_array(mounts[0].path / "a", mode="r+")[:half] = value
+        zarr.open_array(mounts[1].path / "a", mode="r+")[half:] = 100 + value
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(target=commit_together, args=(m, barrier, errors)) for m in mounts
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, errors
+        stored = zarr.open_array(s3.zarr_store("src/a"), mode="r")[...]
+        assert (stored[:half] == value).all() and (stored[half:] == 100 + value).all(), value
+    refused = [entry for entry in s3.proxy.log() if entry[3] == 412]
+    assert refused, "in five rounds, some commit met the other mount's new version"
+    for mounted in mounts:
+        assert "ERROR" not in mounted.log(), mounted.log()
 
 
 def test_mount_errors_are_clear(s3: S3Env, tmp_path: Path) -> None:
