@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from shardfs import __version__
 from shardfs.cli.options import MountOptions, parse_options, parse_size
@@ -27,6 +28,12 @@ from shardfs.fuse.mounts import mount_type, unmount
 from shardfs.maintenance import DEFAULT_MIN_DEAD, DEFAULT_THRESHOLD, Policy, Progress, compact, fsck
 from shardfs.storage import LocalStorage, Storage
 from shardfs.view.hierarchy import Hierarchy, open_hierarchy
+from shardfs.view.precomputed import PrecomputedSource, open_volume
+
+if TYPE_CHECKING:
+    from shardfs.view import Namespace
+    from shardfs.view.precomputed import PrecomputedNamespace
+    from shardfs.writeback import Workspace
 
 log = logging.getLogger("shardfs")
 
@@ -41,7 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"shardfs {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     mount = commands.add_parser("mount", help="mount SOURCE at MOUNTPOINT")
-    mount.add_argument("source", help="a local directory holding a Zarr v3 hierarchy")
+    mount.add_argument(
+        "source",
+        help=(
+            "a local directory or s3://BUCKET/PREFIX holding a Zarr v3 hierarchy or a "
+            "Neuroglancer precomputed volume"
+        ),
+    )
     mount.add_argument("mountpoint", help="an existing, empty directory")
     mount.add_argument(
         "-o",
@@ -130,9 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- checks shared by the parent and the daemon ------------------------------------------
 
 
-def open_source(source: str, options: MountOptions | None = None) -> Hierarchy:
+def open_source(source: str, options: MountOptions | None = None) -> Hierarchy | PrecomputedSource:
     """The hierarchy at SOURCE (a directory or s3://BUCKET/PREFIX), checked to be
-    Zarr v3 (final or draft) at its root."""
+    Zarr v3 (final or draft) at its root; or, with no zarr.json but an `info` there,
+    a Neuroglancer precomputed volume."""
     storage: Storage
     if not is_local(source):
         from shardfs.storage.s3 import S3Storage, parse_url  # boto3 only when needed
@@ -147,8 +161,13 @@ def open_source(source: str, options: MountOptions | None = None) -> Hierarchy:
         storage = LocalStorage(source)
     try:
         stat = storage.stat("zarr.json")
+        volume = open_volume(storage) if stat is None or stat.is_dir else None
     except StorageError as e:
         raise UsageError(f"source {source}: {e}") from None
+    except InvalidMetadata as e:
+        raise UsageError(f"source {source} is not a valid precomputed volume: {e}") from None
+    if volume is not None:
+        return volume
     if stat is None or stat.is_dir:
         hint = (
             " (it looks like Zarr v2)" if storage.stat(".zgroup") or storage.stat(".zarray") else ""
@@ -201,7 +220,7 @@ def _fsname(source: str) -> str:
 def _mount(args: argparse.Namespace) -> int:
     try:
         options = parse_options(args.options)
-        open_source(args.source, options)
+        source = open_source(args.source, options)
         check_mountpoint(args.mountpoint, args.source)
     except ShardfsError as e:
         if args.ready_fd is not None:  # a detached daemon: its parent prints the error
@@ -209,7 +228,7 @@ def _mount(args: argparse.Namespace) -> int:
                 ready.write(f"error {e}\n")
         raise
     if args.foreground or args.ready_fd is not None:
-        return _run_daemon(args, options)
+        return _run_daemon(args, options, source)
     return _spawn_daemon(args, options)
 
 
@@ -229,12 +248,56 @@ def _setup_logging(options: MountOptions, foreground: bool) -> None:
     log.setLevel(logging.DEBUG if options.debug else logging.INFO)
 
 
-def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
+def _view(
+    source: Hierarchy | PrecomputedSource, options: MountOptions, name: str
+) -> Namespace | Workspace | PrecomputedNamespace:
+    """What the daemon serves: a Namespace, a Workspace over one (read-write), or a
+    PrecomputedNamespace. Sources that cannot be written make the mount read-only."""
     # Imported here so that `shardfs umount` and the detaching parent stay light.
+    from shardfs.view import Namespace, View
+    from shardfs.view.precomputed import PrecomputedNamespace
+    from shardfs.writeback import Workspace, WriteBuffer
+
+    precomputed = isinstance(source, PrecomputedSource)
+    if not options.read_only and (precomputed or source.translates):
+        kind = "Neuroglancer precomputed" if precomputed else "draft Zarr v3"
+        if "rw" in options.given:
+            raise UsageError(f"{name} is a {kind} source: it cannot be written")
+        log.warning("%s is a %s source: mounted read-only", name, kind)
+        options.read_only = True
+    storage = source.storage
+    if isinstance(source, PrecomputedSource):
+        if options.view != View.V3.value:
+            raise UsageError(f"view={options.view} applies to Zarr sources only")
+        return PrecomputedNamespace(storage, index_cache=options.index_cache)
+    namespace = Namespace(
+        storage,
+        index_cache=options.index_cache,
+        view=View(options.view),
+        hierarchy=source,
+        serve_plain=not options.read_only,
+        read_cache=options.read_cache,
+    )
+    if options.read_only:
+        unfinished = storage.pending_recovery()
+        if unfinished:
+            log.warning(
+                "%d shards have unfinished commits (a writer may be at work, or crashed); "
+                "a read-write mount or `shardfs fsck` repairs them",
+                len(unfinished),
+            )
+        return namespace
+    for line in storage.recover():
+        log.warning("recovery: %s", line)
+    buffer = WriteBuffer(options.write_buffer, options.spool)
+    return Workspace(namespace, buffer, shard_new=options.shard_new)
+
+
+def _run_daemon(
+    args: argparse.Namespace, options: MountOptions, source: Hierarchy | PrecomputedSource
+) -> int:
     from shardfs.fuse import MountConfig
     from shardfs.fuse.daemon import serve
-    from shardfs.view import Namespace, View
-    from shardfs.writeback import Workspace, WriteBuffer
 
     _setup_logging(options, foreground=args.ready_fd is None)
     ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
@@ -245,37 +308,8 @@ def _run_daemon(args: argparse.Namespace, options: MountOptions) -> int:
             ready.close()
 
     try:
-        hierarchy = open_source(args.source, options)
-        storage = hierarchy.storage
-        if not options.read_only and hierarchy.translates:
-            if "rw" in options.given:
-                raise UsageError(f"{args.source} is a draft Zarr v3 source: it cannot be written")
-            log.warning("%s is a draft Zarr v3 source: mounted read-only", args.source)
-            options.read_only = True
-        namespace = Namespace(
-            storage,
-            index_cache=options.index_cache,
-            view=View(options.view),
-            hierarchy=hierarchy,
-            serve_plain=not options.read_only,
-            read_cache=options.read_cache,
-        )
-        view: Namespace | Workspace = namespace
-        if options.read_only:
-            unfinished = storage.pending_recovery()
-            if unfinished:
-                log.warning(
-                    "%d shards have unfinished commits (a writer may be at work, or crashed); "
-                    "a read-write mount or `shardfs fsck` repairs them",
-                    len(unfinished),
-                )
-        else:
-            for line in storage.recover():
-                log.warning("recovery: %s", line)
-            buffer = WriteBuffer(options.write_buffer, options.spool)
-            view = Workspace(namespace, buffer, shard_new=options.shard_new)
         serve(
-            view,
+            _view(source, options, args.source),
             args.mountpoint,
             MountConfig(read_only=options.read_only),
             options.fuse_options(_fsname(args.source)),
@@ -380,10 +414,21 @@ def _sync(mountpoint: str) -> None:
 # -- fsck and compact -----------------------------------------------------------------
 
 
+def _zarr_storage(source: str, command: str) -> Storage:
+    """The storage of a Zarr source; fsck and compact have nothing to do on other sources."""
+    opened = open_source(source)
+    if isinstance(opened, PrecomputedSource):
+        raise UsageError(
+            f"source {source} is a Neuroglancer precomputed volume: "
+            f"{command} works on Zarr shards only"
+        )
+    return opened.storage
+
+
 def _fsck(args: argparse.Namespace) -> int:
     """Exit 0 if no damage is left, 1 if some is; usage errors are 2 here, because 1 means damage."""
     try:
-        storage = open_source(args.source).storage
+        storage = _zarr_storage(args.source, "fsck")
     except UsageError as e:
         print(f"shardfs: {e}", file=sys.stderr)
         return 2
@@ -398,7 +443,7 @@ def _compact(args: argparse.Namespace) -> int:
     unreadable, 2 on usage errors (as for fsck)."""
     try:
         policy = Policy(args.threshold, parse_size(args.min_dead))
-        storage = open_source(args.source).storage
+        storage = _zarr_storage(args.source, "compact")
     except (UsageError, ValueError) as e:  # ValueError: Policy refuses the threshold
         print(f"shardfs: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ import trio
 from shardfs.fuse.adapter import MountConfig, Operations
 from shardfs.fuse.mounts import mount_type
 from shardfs.view import Namespace
+from shardfs.view.precomputed import PrecomputedNamespace
 from shardfs.writeback import Workspace
 
 log = logging.getLogger("shardfs")
@@ -38,7 +39,7 @@ async def _commit_loop(workspace: Workspace, interval: float) -> None:
 
 
 def serve(
-    view: Namespace | Workspace,
+    view: Namespace | Workspace | PrecomputedNamespace,
     mountpoint: str,
     config: MountConfig,
     fuse_options: set[str],

@@ -1,0 +1,550 @@
+"""The read-only view of a Neuroglancer precomputed volume: sharded scales shown unsharded.
+
+Every path of the view is the same path in the source. The root `info` is
+rewritten without the `sharding` entries of the scales the view unshards; in
+such a scale's directory the shard files are replaced by one file per chunk
+they hold, named by its voxel box (`x0-x1_y0-y1_z0-z1`) and holding the chunk's
+encoded bytes with the sharding's data_encoding undone. Everything else
+(unsharded scales, meshes, skeletons, other files) passes through.
+
+As in `shardfs.view.namespace`, nothing is scanned up front: a path is
+classified against the current `info` when it is asked for, and a shard's
+fixed index and minishard indexes are read when one of their chunks is
+needed, into one bounded LRU cache keyed by the shard's version.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from shardfs.errors import (
+    CorruptData,
+    InvalidMetadata,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+    SourceChanged,
+    StorageError,
+)
+from shardfs.formats.precomputed import (
+    GZIP_MIN,
+    INFO,
+    Minishard,
+    Position,
+    Scale,
+    Volume,
+    is_volume,
+    parse_info,
+)
+from shardfs.storage.base import Entry, Stat, Storage
+from shardfs.view.cache import LruCache
+from shardfs.view.hierarchy import join
+from shardfs.view.namespace import WHOLE_CHUNK_LIMIT, Attr, Node, Role, logged_corruption
+
+log = logging.getLogger("shardfs")
+
+T = TypeVar("T")
+
+#: The most bytes one merged read of gzip trailers may span (see `_read_ranges`).
+MAX_SPAN = 16 << 20
+
+
+@dataclass(frozen=True)
+class PrecomputedSource:
+    """A source whose root `info` describes a Neuroglancer precomputed volume."""
+
+    storage: Storage
+    volume: Volume
+
+
+def open_volume(storage: Storage) -> PrecomputedSource | None:
+    """The volume at the root of `storage`, or None if its root has no `info` that claims
+    to be a multiscale volume; InvalidMetadata if it claims to but is not valid."""
+    stat = storage.stat(INFO)
+    if stat is None or stat.is_dir:
+        return None
+    raw = storage.read(INFO, 0, stat.size, stat.version)
+    return PrecomputedSource(storage, parse_info(raw)) if is_volume(raw) else None
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Where a chunk of a sharded scale is stored: `stored` bytes of shard `key` (version
+    `stat`) from `offset`."""
+
+    scale: Scale
+    position: Position
+    key: str
+    stat: Stat
+    offset: int
+    stored: int
+
+
+#: What a view path is: the rewritten info, a source file or directory, or a chunk.
+_Target = Volume | Stat | _Chunk
+
+
+def _cost(value: np.ndarray | Minishard | int) -> int:
+    if isinstance(value, np.ndarray):
+        return value.nbytes + 256
+    if isinstance(value, Minishard):
+        return value.cost
+    return 128
+
+
+class PrecomputedNamespace:
+    """The view of one precomputed source, for the FUSE adapter's read-only calls
+    (`root`, `resolve`, `lookup`, `attr`, `listdir`, `open`). Thread-safe; every method
+    may block on storage."""
+
+    def __init__(self, storage: Storage, index_cache: int = 64 << 20) -> None:
+        self.storage = storage
+        #: Fixed shard indexes, minishard indexes and gzip sizes of chunks, by shard version.
+        self.indexes: LruCache[np.ndarray | Minishard | int] = LruCache(
+            index_cache, _cost, cache_errors=(CorruptData,)
+        )
+        #: The parsed info by version; None when it is not a valid volume any more.
+        self.volumes: LruCache[Volume | None] = LruCache(
+            4 << 20, lambda v: v.cost if v is not None else 256
+        )
+
+    # -- the info document -------------------------------------------------------------
+
+    def volume(self) -> Volume | None:
+        """The volume as `info` describes it now; None (everything passes through) if the
+        info is gone or no longer valid."""
+        return self._pinned(
+            INFO, lambda stat: self.volumes.get(stat.version, self._info_loader(stat))
+        )
+
+    def _info_loader(self, stat: Stat) -> Callable[[], Volume | None]:
+        def load() -> Volume | None:
+            name = self.storage.describe(INFO)
+            try:
+                volume = parse_info(self.storage.read(INFO, 0, stat.size, stat.version))
+            except InvalidMetadata as e:
+                log.warning("%s: every file shown unchanged: %s", name, e)
+                return None
+            for line in volume.unchanged:
+                log.warning("%s: %s", name, line)
+            return volume
+
+        return load
+
+    def _pinned(self, key: str, load: Callable[[Stat], T]) -> T | None:
+        """`load(stat)` of object `key` as it is now, or None if there is none; read
+        again if it changes meanwhile."""
+        for _attempt in range(3):
+            stat = self.storage.stat(key)
+            if stat is None or stat.is_dir:
+                return None
+            try:
+                return load(stat)
+            except SourceChanged:
+                continue
+        raise StorageError(f"{self.storage.describe(key)} keeps changing while it is read")
+
+    # -- classification ----------------------------------------------------------------
+
+    def root(self) -> Node:
+        stat = self.storage.stat("")
+        if stat is None or not stat.is_dir:
+            raise NotFound("source root is gone")
+        return Node("", Role.DIR)
+
+    def resolve(self, path: str) -> Node:
+        """The node at a `/`-separated view path ("" is the root)."""
+        node = self.root()
+        for name in filter(None, path.split("/")):
+            node = self.lookup(node, name)
+        return node
+
+    def lookup(self, parent: Node, name: str) -> Node:
+        if not parent.is_dir:
+            raise NotADirectory(parent.path)
+        if name in ("", ".", "..") or "/" in name:
+            raise NotFound(name)
+        path = join(parent.path, name)
+        volume = self.volume()
+        return Node(path, self._role(volume, path, self._target(volume, path)))
+
+    def _target(self, volume: Volume | None, path: str) -> _Target:
+        """What `path` is now; NotFound if nothing."""
+        if path == INFO and volume is not None:
+            return volume
+        directory, _, name = path.rpartition("/")
+        scale = volume.scales.get(directory) if volume is not None else None
+        if scale is not None:
+            position = scale.parse_chunk_name(name)
+            if position is not None:
+                return self._locate(scale, position, path)
+            if scale.sharding.parse_shard_name(name) is not None:
+                raise NotFound(path)  # a shard: replaced by its chunks
+        stat = self.storage.stat(path)
+        if stat is None:
+            raise NotFound(path)
+        return stat
+
+    @staticmethod
+    def _role(volume: Volume | None, path: str, target: _Target) -> Role:
+        if isinstance(target, Volume):
+            return Role.METADATA
+        if isinstance(target, _Chunk):
+            return Role.CHUNK
+        if not target.is_dir:
+            return Role.FILE
+        return Role.ARRAY if volume is not None and path in volume.scales else Role.DIR
+
+    # -- shards ------------------------------------------------------------------------
+
+    def _locate(self, scale: Scale, position: Position, path: str) -> _Chunk:
+        """Where the chunk at grid `position` is stored; NotFound if no shard holds it."""
+        chunk_id = scale.chunk_id(position)
+        shard, minishard = scale.sharding.locate(chunk_id)
+        key = join(scale.key, scale.sharding.shard_name(shard))
+
+        def find(stat: Stat) -> _Chunk | None:
+            start, end = (int(v) for v in self._shard_index(scale, key, stat)[minishard])
+            if start == end:
+                return None
+            found = self._minishard(scale, key, stat, shard, minishard, start, end).find(chunk_id)
+            if found is None:
+                return None
+            return _Chunk(scale, position, key, stat, *found)
+
+        chunk = self._pinned(key, find)
+        if chunk is None:
+            raise NotFound(path)
+        return chunk
+
+    def _shard_index(self, scale: Scale, key: str, stat: Stat) -> np.ndarray:
+        def load() -> np.ndarray:
+            size = scale.sharding.index_size
+            return self._verified(
+                key,
+                stat,
+                lambda: scale.sharding.decode_shard_index(
+                    self.storage.read(key, 0, min(size, stat.size), stat.version), stat.size
+                ),
+            )
+
+        value = self.indexes.get(("index", key, stat.version), load)
+        assert isinstance(value, np.ndarray)
+        return value
+
+    def _minishard(
+        self, scale: Scale, key: str, stat: Stat, shard: int, minishard: int, start: int, end: int
+    ) -> Minishard:
+        def load() -> Minishard:
+            return self._verified(
+                key,
+                stat,
+                lambda: scale.decode_minishard(
+                    self.storage.read(key, start, end - start, stat.version),
+                    shard,
+                    minishard,
+                    stat.size,
+                ),
+            )
+
+        value = self.indexes.get(("minishard", key, stat.version, minishard), load)
+        assert isinstance(value, Minishard)
+        return value
+
+    def _verified(self, key: str, stat: Stat, decode: Callable[[], T]) -> T:
+        """`decode()` of an index of shard `key`; its CorruptData logged once, naming the
+        shard, unless the shard changed meanwhile (then SourceChanged: read it again)."""
+        try:
+            return decode()
+        except CorruptData as e:
+            current = self.storage.stat(key)
+            if current is None or current.version != stat.version:
+                raise SourceChanged(f"{self.storage.describe(key)} changed") from None
+            raise logged_corruption(
+                f"{self.storage.describe(key)}: corrupt shard, its chunks give EIO: {e}"
+            ) from None
+
+    def _file_size(self, chunk: _Chunk) -> int:
+        """The size of a chunk's file; for gzip sizes, one read of its trailer (cached)."""
+        scale = chunk.scale
+        if not scale.gzip_sizes:
+            return scale.file_size(chunk.position, chunk.stored)
+
+        def load() -> int:
+            self._check_gzip(chunk)
+            start = chunk.offset + chunk.stored - 4
+            trailer = self.storage.read(chunk.key, start, 4, chunk.stat.version)
+            return scale.file_size(chunk.position, chunk.stored, trailer)
+
+        value = self.indexes.get(self._size_key(chunk), load)
+        assert isinstance(value, int)
+        return value
+
+    @staticmethod
+    def _size_key(chunk: _Chunk) -> tuple[str, str, object, int]:
+        return ("size", chunk.key, chunk.stat.version, chunk.offset)
+
+    def _check_gzip(self, chunk: _Chunk) -> None:
+        if chunk.stored < GZIP_MIN:
+            name = chunk.scale.chunk_name(chunk.position)
+            raise logged_corruption(
+                f"{self.storage.describe(chunk.key)}: corrupt shard, its chunks give EIO: "
+                f"chunk {name} is {chunk.stored} bytes, too short for gzip"
+            )
+
+    def _gzip_sizes(self, chunks: list[_Chunk]) -> None:
+        """Cache the gzip sizes of chunks of one shard version, reading their trailers
+        together (see `_read_ranges`)."""
+        missing = [c for c in chunks if self.indexes.peek(self._size_key(c)) is None]
+        for chunk in missing:
+            if chunk.stored < GZIP_MIN:
+                self._file_size(chunk)  # fails, logged once (the failure is cached)
+        if not missing:
+            return
+        first = missing[0]
+        ranges = [(c.offset + c.stored - 4, 4) for c in missing]
+        for chunk, trailer in zip(
+            missing, self._read_ranges(first.key, first.stat, ranges), strict=True
+        ):
+            size = chunk.scale.file_size(chunk.position, chunk.stored, trailer)
+            self.indexes.put(self._size_key(chunk), size)
+
+    def _read_ranges(self, key: str, stat: Stat, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes of each (offset, length) of one object version. Where a request
+        costs more than the bytes between two ranges (`Storage.request_cost`), they are
+        read together, up to MAX_SPAN bytes at once."""
+        order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+        out = [b""] * len(ranges)
+        i = 0
+        while i < len(order):
+            start, length = ranges[order[i]]
+            end = start + length
+            j = i + 1
+            while j < len(order):
+                offset, length = ranges[order[j]]
+                gap, span = offset - end, max(end, offset + length) - start
+                if gap > self.storage.request_cost or span > MAX_SPAN:
+                    break
+                end = max(end, offset + length)
+                j += 1
+            data = self.storage.read(key, start, end - start, stat.version)
+            for k in order[i:j]:
+                offset, length = ranges[k]
+                out[k] = data[offset - start : offset - start + length]
+            i = j
+        return out
+
+    # -- attributes and listings ---------------------------------------------------------
+
+    def attr(self, node: Node) -> Attr:
+        target = self._target(self.volume(), node.path)
+        if isinstance(target, Volume):
+            info = self.storage.stat(INFO)
+            return Attr(False, len(target.info), info.mtime_ns if info is not None else 0)
+        if isinstance(target, _Chunk):
+            return Attr(False, self._file_size(target), target.stat.mtime_ns)
+        return Attr(target.is_dir, target.size, target.mtime_ns)
+
+    def listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
+        """The entries of a directory node, sorted by name."""
+        for _attempt in range(3):
+            try:
+                listing = self._listdir(node)
+            except SourceChanged:
+                continue  # a shard was replaced while it was listed: list again
+            listing.sort(key=lambda item: item[0])
+            return listing
+        raise StorageError(f"{self.storage.describe(node.path)} keeps changing while it is listed")
+
+    def _listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
+        volume = self.volume()
+        target = self._target(volume, node.path)
+        if not isinstance(target, Stat) or not target.is_dir:
+            raise NotADirectory(node.path)
+        entries = self.storage.list(node.path)
+        scale = volume.scales.get(node.path) if volume is not None else None
+        if scale is None:
+            return [self._source_entry(volume, node.path, entry) for entry in entries]
+        listing = []
+        for entry in entries:
+            shard = scale.sharding.parse_shard_name(entry.name)
+            if shard is not None:
+                if not entry.stat.is_dir:
+                    listing += self._chunks_of_shard(scale, node.path, shard, entry.stat)
+            elif scale.parse_chunk_name(entry.name) is None:  # chunk names are the view's
+                listing.append(self._source_entry(volume, node.path, entry))
+        return listing
+
+    def _source_entry(
+        self, volume: Volume | None, directory: str, entry: Entry
+    ) -> tuple[str, Node, Attr]:
+        path = join(directory, entry.name)
+        stat = entry.stat
+        if path == INFO and volume is not None and not stat.is_dir:
+            return (
+                entry.name,
+                Node(path, Role.METADATA),
+                Attr(False, len(volume.info), stat.mtime_ns),
+            )
+        role = self._role(volume, path, stat)
+        return entry.name, Node(path, role), Attr(stat.is_dir, stat.size, stat.mtime_ns)
+
+    def _chunks_of_shard(
+        self, scale: Scale, directory: str, shard: int, stat: Stat
+    ) -> list[tuple[str, Node, Attr]]:
+        """The chunk files of one shard (version `stat`): every chunk of every minishard."""
+        key = join(directory, scale.sharding.shard_name(shard))
+        chunks = []
+        for minishard, (start, end) in enumerate(self._shard_index(scale, key, stat).tolist()):
+            if start == end:
+                continue
+            found = self._minishard(scale, key, stat, shard, minishard, start, end)
+            for position, offset, size in zip(
+                found.positions.tolist(), found.offsets.tolist(), found.sizes.tolist(), strict=True
+            ):
+                chunks.append(_Chunk(scale, tuple(position), key, stat, offset, size))
+        if scale.gzip_sizes:
+            self._gzip_sizes(chunks)
+        listing = []
+        for chunk in chunks:
+            name = scale.chunk_name(chunk.position)
+            node = Node(join(directory, name), Role.CHUNK)
+            listing.append((name, node, Attr(False, self._file_size(chunk), stat.mtime_ns)))
+        return listing
+
+    # -- data ----------------------------------------------------------------------------
+
+    def open(self, node: Node) -> Document | Reader:
+        target = self._target(self.volume(), node.path)
+        if isinstance(target, Volume):
+            return Document(target.info)
+        if isinstance(target, Stat):
+            if target.is_dir:
+                raise IsADirectory(node.path)
+            # Small files whole where requests are costly, so a file costs one request.
+            whole = self.storage.request_cost > 0 and target.size <= WHOLE_CHUNK_LIMIT
+            return Reader(self, node.path, node.path, target, 0, target.size, target.size, whole)
+        chunk = target
+        size = self._file_size(chunk)
+        sharding = chunk.scale.sharding
+        if not sharding.data_gzip:
+            if chunk.stored != size:
+                raise logged_corruption(
+                    f"{node.path} (stored in {self.storage.describe(chunk.key)}): chunk holds "
+                    f"{chunk.stored} bytes, its file size says {size}"
+                )
+            whole = size <= WHOLE_CHUNK_LIMIT
+            return Reader(self, node.path, chunk.key, chunk.stat, chunk.offset, size, size, whole)
+        return Reader(
+            self,
+            node.path,
+            chunk.key,
+            chunk.stat,
+            chunk.offset,
+            chunk.stored,
+            size,
+            whole=True,
+            decode=lambda stored: sharding.decode_data(stored, size),
+        )
+
+    def relocate(self, path: str, key: str, base: int, stored: int) -> tuple[Stat, int]:
+        """The current (stat, stored size) of what backs an open file whose object
+        changed: a passthrough file shows its new content; a chunk carries on only if its
+        shard still holds it at the same place, otherwise reads fail."""
+        try:
+            target = self._target(self.volume(), path)
+        except NotFound:
+            gone = f"{self.storage.describe(key)} was removed while {path} was open"
+            raise StorageError(gone) from None
+        place = (key, base, stored)
+        if isinstance(target, _Chunk) and (target.key, target.offset, target.stored) == place:
+            return target.stat, target.stored
+        if isinstance(target, Stat) and not target.is_dir and key == path:
+            return target, target.size
+        raise StorageError(f"{self.storage.describe(key)} was rewritten while {path} was open")
+
+
+class Document:
+    """An open file whose content the view made (the rewritten info)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.size = len(data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self._data[offset : offset + size]
+
+
+class Reader:
+    """An open file backed by `stored` bytes of object `key` from `base`, pinned to the
+    version seen at open (`namespace.relocate` decides what happens when it changes).
+
+    A `whole` file is read whole on its first read and served from memory until it
+    has been read to its end, so that it costs one request however the kernel splits
+    its reads. `decode`, if given, turns the stored bytes of a whole file into the
+    file's `size` bytes (a gzip chunk).
+    """
+
+    def __init__(
+        self,
+        namespace: PrecomputedNamespace,
+        path: str,
+        key: str,
+        stat: Stat,
+        base: int,
+        stored: int,
+        size: int,
+        whole: bool,
+        decode: Callable[[bytes], bytes] | None = None,
+    ) -> None:
+        self._ns = namespace
+        self._path = path
+        self._key = key
+        self._stat = stat
+        self._base = base
+        self._stored = stored
+        self.size = size
+        self._decode = decode
+        self._whole = whole
+        self._data: bytes | None = None
+        self._failed: CorruptData | None = None
+
+    def read(self, offset: int, size: int) -> bytes:
+        if self._failed is not None:
+            raise self._failed
+        if offset >= self.size or size <= 0:
+            return b""
+        size = min(size, self.size - offset)
+        if not self._whole:
+            return self._fetch(offset, size)
+        data = self._data if self._data is not None else self._load()
+        # Read to the end: free the buffer of a sequential reader.
+        self._data = None if offset + size >= self.size else data
+        return data[offset : offset + size]
+
+    def _load(self) -> bytes:
+        stored = self._fetch(0, self._stored)
+        if self._decode is None:
+            return stored
+        try:
+            return self._decode(stored)
+        except CorruptData as e:
+            where = self._ns.storage.describe(self._key)
+            self._failed = logged_corruption(f"{self._path} (stored in {where}): {e}")
+            raise self._failed from None
+
+    def _fetch(self, offset: int, size: int) -> bytes:
+        storage = self._ns.storage
+        try:
+            return storage.read(self._key, self._base + offset, size, self._stat.version)
+        except SourceChanged:
+            self._stat, stored = self._ns.relocate(self._path, self._key, self._base, self._stored)
+            if self._decode is None and stored != self._stored:
+                self._stored = self.size = stored  # a passthrough file: its new content
+                size = min(size, max(0, stored - offset))
+            return storage.read(self._key, self._base + offset, size, self._stat.version)
