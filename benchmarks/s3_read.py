@@ -13,7 +13,9 @@ server, both on 127.0.0.1) and compares in one run, interleaved:
   (d) zarr-python 3 reading the first `--chunk-reads` chunks one at a time
       (one `array[region]` per chunk, in C order, as a tile viewer or a
       per-chunk processing loop does), through the mount;
-  (e) as (d), directly from S3.
+  (e) as (d), directly from S3;
+  (f) as (a), from a local copy of the bucket: no S3 at all, so what the
+      mount and the FUSE round trips of each chunk file cost by themselves.
 
 It prints median seconds, the requests each read made (counted by the proxy,
 mount start-up included), and the ratios (b)/(a) and (e)/(d) per repetition:
@@ -75,12 +77,14 @@ def read(array: zarr.Array, chunks: int | None) -> float:
 
 
 def read_through_mount(
-    s3: S3Env, work: Path, interrupts: Interrupts, *options: str, chunks: int | None = None
+    source: str,
+    work: Path,
+    interrupts: Interrupts,
+    *options: str,
+    chunks: int | None = None,
 ) -> float:
     with interrupts.deferred():
-        mounted: Mounted = start_mount(
-            s3.url("data"), work / "mnt", work / "mnt.log", *s3.mount_options(), "ro", *options
-        )
+        mounted: Mounted = start_mount(source, work / "mnt", work / "mnt.log", "ro", *options)
     try:
         return read(zarr.open_array(mounted.path / "a", mode="r"), chunks)
     finally:
@@ -120,13 +124,21 @@ def main() -> int:
                 )
                 array[...] = data
                 stored = sum(size for size, _ in s3.keys("data/").values())
+                local = work / "local"
+                s3.download_tree("data", local)
+                url, options = s3.url("data"), s3.mount_options()
                 s3.proxy.delay(args.delay_ms / 1000)
                 cases = {
-                    "a": lambda: read_through_mount(s3, work, interrupts),
+                    "a": lambda: read_through_mount(url, work, interrupts, *options),
                     "b": lambda: read_directly(s3),
-                    "c": lambda: read_through_mount(s3, work, interrupts, "read_cache=0"),
-                    "d": lambda: read_through_mount(s3, work, interrupts, chunks=args.chunk_reads),
+                    "c": lambda: read_through_mount(
+                        url, work, interrupts, *options, "read_cache=0"
+                    ),
+                    "d": lambda: read_through_mount(
+                        url, work, interrupts, *options, chunks=args.chunk_reads
+                    ),
                     "e": lambda: read_directly(s3, chunks=args.chunk_reads),
+                    "f": lambda: read_through_mount(str(local), work, interrupts),
                 }
                 times: dict[str, list[float]] = {name: [] for name in cases}
                 requests: dict[str, Counter[str]] = {}
@@ -160,8 +172,9 @@ def report(
         "c": "(c) through the mount, read_cache=0",
         "d": f"(d) {args.chunk_reads} chunks one by one, through the mount",
         "e": f"(e) {args.chunk_reads} chunks one by one, direct from S3",
+        "f": "(f) as (a), from a local copy: the cost of the mount alone",
     }
-    read_bytes = dict.fromkeys("abc", nbytes) | dict.fromkeys("de", args.chunk_reads * CHUNK_BYTES)
+    read_bytes = dict.fromkeys("abcf", nbytes) | dict.fromkeys("de", args.chunk_reads * CHUNK_BYTES)
     lines = [
         f"{nbytes >> 20} MiB uint8 array ({stored / (1 << 20):.1f} MiB stored), chunks {CHUNKS},"
         f" shards {SHARDS}; {args.delay_ms:g} ms added to every request; "
@@ -177,7 +190,7 @@ def report(
         rate = read_bytes[name] / seconds / (1 << 20)
         lines.append(f"| {label} | {seconds:.2f} | {rate:.0f} | {total}: {kinds} |")
     lines.append("")
-    for mount, direct in (("a", "b"), ("d", "e")):
+    for mount, direct in (("a", "b"), ("f", "b"), ("d", "e")):
         ratios = [d / m for m, d in zip(times[mount], times[direct], strict=True)]
         lines.append(
             f"({direct})/({mount}), time direct over time through the mount: median "
