@@ -1,17 +1,17 @@
-"""The `shardfs` command: `mount` and `umount`.
+"""The `shardfs` command: `mount` and `umount`, maintenance, `info`.
 
 `shardfs mount` without `-f` starts the daemon as a detached child (the same
 command with `-f` and a readiness pipe) and exits 0 only once the mount
 answers; any failure is one line on stderr, a non-zero exit, and nothing left
-mounted.
+mounted. `shardfs SOURCE MOUNTPOINT -o OPTS`, without a command, is a mount
+too: that is how mount.fuse3 runs a file system for `mount -t fuse.shardfs`
+and /etc/fstab.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
-import logging.handlers
 import os
 import select
 import stat as stat_mod
@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from shardfs import __version__
+from shardfs.cli import checksum, info, logs
 from shardfs.cli.options import MountOptions, parse_options, parse_size
 from shardfs.errors import InvalidMetadata, ShardfsError, StorageError, UsageError
-from shardfs.fuse.mounts import mount_type, unmount
+from shardfs.fuse.mounts import is_stale, mount_type, open_lock, unmount, wait_for_daemon
 from shardfs.maintenance import DEFAULT_MIN_DEAD, DEFAULT_THRESHOLD, Policy, Progress, compact, fsck
 from shardfs.storage import LocalStorage, Storage
 from shardfs.view.hierarchy import Hierarchy, open_hierarchy
@@ -34,11 +35,14 @@ if TYPE_CHECKING:
     from shardfs.view import Namespace
     from shardfs.view.precomputed import PrecomputedNamespace
     from shardfs.writeback import Workspace
+    from shardfs.writeback.leftover import Leftovers
 
 log = logging.getLogger("shardfs")
 
 #: How long `shardfs mount` waits for the daemon to answer before giving up.
 READY_TIMEOUT = 60.0
+#: After this many seconds `shardfs umount` says that it waits for the daemon to commit.
+UMOUNT_NOTICE = 2.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,7 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"shardfs {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    mount = commands.add_parser("mount", help="mount SOURCE at MOUNTPOINT")
+    mount = commands.add_parser(
+        "mount",
+        help="mount SOURCE at MOUNTPOINT (also without the word `mount`, as mount.fuse3 runs it)",
+    )
     mount.add_argument(
         "source",
         help=(
@@ -64,12 +71,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OPT[,OPT...]",
         help=(
             "ro, rw, allow_other, debug, index_cache=SIZE, view=v3|v2, log=FILE, "
-            "write_buffer=SIZE, flush_interval=SECONDS, spool=DIR, shard_new=N"
+            "write_buffer=SIZE, flush_interval=SECONDS, spool=DIR, shard_new=N; the generic "
+            "options of mount(8) and fstab are accepted too"
         ),
     )
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     mount.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
-    umount = commands.add_parser("umount", help="unmount MOUNTPOINT")
+    umount = commands.add_parser(
+        "umount",
+        help="commit what MOUNTPOINT buffers, unmount it and wait until its daemon has exited",
+    )
     umount.add_argument("mountpoint")
     check = commands.add_parser(
         "fsck",
@@ -122,11 +133,14 @@ def _parser() -> argparse.ArgumentParser:
             "(default %(default)s: below that a rewrite costs more than it frees)"
         ),
     )
+    checksum.add_parser(commands)
+    info.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(_implied_mount(parser, sys.argv[1:] if argv is None else argv))
     try:
         if args.command == "mount":
             return _mount(args)
@@ -134,10 +148,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fsck(args)
         if args.command == "compact":
             return _compact(args)
+        if args.command == "checksum":
+            return checksum.run(args)
+        if args.command == "info":
+            return info.run(args)
         return _umount(args.mountpoint)
     except ShardfsError as e:
         print(f"shardfs: {e}", file=sys.stderr)
         return 1
+
+
+def _implied_mount(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """`shardfs SOURCE MOUNTPOINT [-o OPTS]` means `shardfs mount ...`: mount.fuse3 (behind
+    `mount -t fuse.shardfs` and fstab) runs the file system's command that way. A source
+    named like a command must then be written as a path (`./info`)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if argv and not argv[0].startswith("-") and argv[0] not in commands.choices:
+        return ["mount", *argv]
+    return list(argv)
 
 
 # -- checks shared by the parent and the daemon ------------------------------------------
@@ -180,16 +208,12 @@ def open_source(source: str, options: MountOptions | None = None) -> Hierarchy |
 
 
 def check_mountpoint(mountpoint: str, source: str) -> None:
+    clear_stale(mountpoint)
     try:
         is_dir = stat_mod.S_ISDIR(os.stat(mountpoint).st_mode)
     except FileNotFoundError:
         raise UsageError(f"mountpoint {mountpoint} does not exist") from None
     except OSError as e:
-        if e.errno == errno.ENOTCONN:
-            raise UsageError(
-                f"mountpoint {mountpoint} is a stale FUSE mount (transport endpoint is not "
-                f"connected); clear it with: fusermount3 -u -z {mountpoint}"
-            ) from None
         raise UsageError(f"mountpoint {mountpoint}: {e.strerror}") from None
     if not is_dir:
         raise UsageError(f"mountpoint {mountpoint} is not a directory")
@@ -202,6 +226,27 @@ def check_mountpoint(mountpoint: str, source: str) -> None:
         raise UsageError(f"mountpoint {mountpoint} must not be inside the source")
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise UsageError("cannot open /dev/fuse: is the fuse module loaded and the device present?")
+
+
+def clear_stale(mountpoint: str) -> None:
+    """Unmount (lazily) a FUSE mount at `mountpoint` whose daemon is gone, saying so: a
+    daemon that died leaves its mount behind, answering "transport endpoint is not
+    connected", and a restarted daemon (systemd's Restart=) must be able to mount again."""
+    if not is_stale(mountpoint):
+        return
+    kind = mount_type(mountpoint) or "a FUSE file system"
+    result = unmount(mountpoint, lazy=True)
+    if result.returncode != 0 or is_stale(mountpoint):
+        detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
+        raise UsageError(
+            f"mountpoint {mountpoint} is a stale mount whose daemon is gone, and clearing it "
+            f"failed: {detail}"
+        )
+    message = (
+        f"mountpoint {mountpoint} was a stale {kind} mount whose daemon is gone "
+        "(transport endpoint is not connected); cleared it (lazy unmount)"
+    )
+    print(f"shardfs: {message}", file=sys.stderr)  # before logging is set up, if ever
 
 
 def is_local(source: str) -> bool:
@@ -230,22 +275,6 @@ def _mount(args: argparse.Namespace) -> int:
     if args.foreground or args.ready_fd is not None:
         return _run_daemon(args, options, source)
     return _spawn_daemon(args, options)
-
-
-def _setup_logging(options: MountOptions, foreground: bool) -> None:
-    handler: logging.Handler
-    if options.log_file:
-        handler = logging.FileHandler(options.log_file)
-    elif foreground or not os.path.exists("/dev/log"):
-        handler = logging.StreamHandler(sys.stderr)
-    else:
-        handler = logging.handlers.SysLogHandler("/dev/log")
-    fmt = "%(asctime)s shardfs[%(process)d] %(levelname)s %(message)s"
-    if isinstance(handler, logging.handlers.SysLogHandler):
-        fmt = "shardfs[%(process)d]: %(levelname)s %(message)s"
-    handler.setFormatter(logging.Formatter(fmt))
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG if options.debug else logging.INFO)
 
 
 def _view(
@@ -299,7 +328,7 @@ def _run_daemon(
     from shardfs.fuse import MountConfig
     from shardfs.fuse.daemon import serve
 
-    _setup_logging(options, foreground=args.ready_fd is None)
+    logs.setup(options.log_file, foreground=args.ready_fd is None, debug=options.debug)
     ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
 
     def report(message: str) -> None:
@@ -307,14 +336,23 @@ def _run_daemon(
             ready.write(message + "\n")
             ready.close()
 
+    log.info(
+        "shardfs %s: mounting %s at %s (options: %s)",
+        __version__,
+        args.source,
+        args.mountpoint,
+        options.argument() or "none",
+    )
     try:
-        serve(
-            _view(source, options, args.source),
+        view = _view(source, options, args.source)
+        outcome = serve(
+            view,
             args.mountpoint,
             MountConfig(read_only=options.read_only),
             options.fuse_options(_fsname(args.source)),
             on_ready=lambda: report("ready"),
             flush_interval=options.flush_interval,
+            leftovers=_leftovers(view, options, args.source),
         )
     except (ShardfsError, RuntimeError) as e:
         message = f"cannot mount {args.mountpoint}: {e}"
@@ -323,7 +361,33 @@ def _run_daemon(
         if ready is None:
             print(f"shardfs: {message}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if outcome else 0
+
+
+def _leftovers(
+    view: Namespace | Workspace | PrecomputedNamespace, options: MountOptions, source: str
+) -> Leftovers | None:
+    """For a read-write mount: where chunks it cannot commit at unmount are kept, with the
+    chunks earlier mounts of the source kept there already put back into its overlay."""
+    from shardfs.writeback import Workspace
+    from shardfs.writeback.leftover import Leftovers
+
+    if is_local(source):
+        source_id = os.path.realpath(source)
+    else:
+        source_id = f"{source} {options.s3.get('endpoint_url', '')}".rstrip()
+    leftovers = Leftovers(options.leftover_dir(source_id), source_id)
+    if isinstance(view, Workspace):
+        leftovers.restore(view)
+        return leftovers
+    if leftovers.waiting():
+        log.warning(
+            "chunks that an earlier mount could not commit wait in %s for a read-write "
+            "mount of this source (shards: %d)",
+            leftovers.directory,
+            leftovers.waiting(),
+        )
+    return None
 
 
 def _spawn_daemon(args: argparse.Namespace, options: MountOptions) -> int:
@@ -335,8 +399,11 @@ def _spawn_daemon(args: argparse.Namespace, options: MountOptions) -> int:
     if options.given:
         command += ["-o", options.argument()]
     command += ["--ready-fd", str(write_end)]
+    # systemd hears from a daemon it started in the foreground; never from this one.
+    environment = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
     child = subprocess.Popen(
         command,
+        env=environment,
         pass_fds=(write_end,),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -385,11 +452,28 @@ def _umount(mountpoint: str) -> int:
         raise UsageError(f"{mountpoint} is not mounted")
     if kind != "fuse.shardfs":
         raise UsageError(f"{mountpoint} is not a shardfs mount ({kind})")
+    if is_stale(mountpoint):
+        clear_stale(mountpoint)
+        return 0
     _sync(mountpoint)
+    lock = open_lock(mountpoint)  # before the unmount: the daemon removes it as it exits
     result = unmount(mountpoint)
     if result.returncode != 0:
+        if lock is not None:
+            os.close(lock)
         detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
         raise UsageError(f"cannot unmount {mountpoint}: {detail}")
+    if lock is None:
+        return 0
+    outcome = wait_for_daemon(lock, timeout=UMOUNT_NOTICE)
+    if outcome is None:
+        print(
+            f"shardfs: waiting for the daemon of {mountpoint} to commit what it buffers",
+            file=sys.stderr,
+        )
+        outcome = wait_for_daemon(lock)
+    if outcome:
+        raise UsageError(f"{mountpoint} is unmounted, but: {outcome} (see the daemon's log)")
     return 0
 
 

@@ -1,7 +1,16 @@
-"""Mount options (`-o a,b=c`): parsed and checked before anything is mounted."""
+"""Mount options (`-o a,b=c`): parsed and checked before anything is mounted.
+
+Besides shardfs's own options, the generic ones that mount(8), fstab and
+systemd pass to every file system are accepted: `ro`/`rw` choose the mode,
+the kernel's mount flags (`nosuid`, `nodev`, `noexec`, ...) go to the kernel,
+and options meant only for mount(8) or systemd (`defaults`, `noauto`,
+`nofail`, `_netdev`, `x-systemd.*`, ...) are ignored, so an fstab line never
+fails on them.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterable
@@ -14,6 +23,20 @@ if TYPE_CHECKING:
     from shardfs.storage.s3 import S3Config
 
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+#: Mount flags the kernel takes (through libfuse), passed on as given.
+KERNEL_FLAGS = frozenset(
+    ("suid", "nosuid", "dev", "nodev", "exec", "noexec", "sync", "async", "dirsync", "atime",
+     "noatime")
+)  # fmt: skip
+#: Options for mount(8), fstab and systemd, or atime variants FUSE mounts cannot take:
+#: accepted and ignored. Options starting with `x-` (`x-systemd.automount`, ...) too.
+IGNORED = frozenset(
+    ("defaults", "auto", "noauto", "nofail", "_netdev", "user", "nouser", "users", "owner",
+     "group", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime",
+     "nolazytime", "diratime", "nodiratime", "symfollow", "nosymfollow", "iversion",
+     "noiversion", "mand", "nomand", "loud", "silent")
+)  # fmt: skip
 
 
 def parse_size(text: str) -> int:
@@ -39,6 +62,8 @@ class MountOptions:
     #: S3 sources: keyword arguments of `shardfs.storage.s3.S3Config`
     s3: dict[str, Any] = field(default_factory=dict)
     read_cache: int = 64 << 20
+    #: kernel mount flags (KERNEL_FLAGS), the last given of each pair (`exec`/`noexec`, ...)
+    flags: dict[str, str] = field(default_factory=dict)
     given: list[str] = field(default_factory=list)
 
     def s3_config(self) -> S3Config:
@@ -57,7 +82,21 @@ class MountOptions:
             opts.add("ro")
         if self.allow_other:
             opts.add("allow_other")
-        return opts
+        return opts | set(self.flags.values())
+
+    def leftover_dir(self, source_id: str) -> str:
+        """Where chunks that could not be committed at unmount are kept for the next mount
+        of the source `source_id`: below `spool=DIR` if given, else in a state directory
+        that outlives reboots (/var/lib/shardfs for root)."""
+        if self.spool:
+            base = self.spool
+        elif os.geteuid() == 0:
+            base = "/var/lib/shardfs"
+        else:
+            state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+            base = os.path.join(state, "shardfs")
+        name = hashlib.sha256(source_id.encode()).hexdigest()[:24]
+        return os.path.join(base, "pending", name)
 
     def argument(self) -> str:
         """The options again, as one `-o` argument (for the detached daemon)."""
@@ -74,13 +113,22 @@ def _positive(name: str, value: str, kind: type[int] | type[float]) -> float:
     return number
 
 
+def _flag_pair(flag: str) -> str:
+    """The flag a kernel flag switches: `nosuid` and `suid` both switch `suid`."""
+    if flag == "async":
+        return "sync"
+    return flag[2:] if flag.startswith("no") else flag
+
+
 def parse_options(groups: Iterable[str]) -> MountOptions:
     """Parse every `-o` argument; unknown or malformed options raise UsageError."""
     options = MountOptions()
     for group in groups:
         for item in filter(None, (part.strip() for part in group.split(","))):
             name, has_value, value = item.partition("=")
-            if name in ("ro", "rw", "allow_other", "debug", "anon") and has_value:
+            if name in IGNORED or name == "comment" or name.startswith("x-"):
+                continue
+            if name in ("ro", "rw", "allow_other", "debug", "anon", *KERNEL_FLAGS) and has_value:
                 raise UsageError(f"option {name!r} takes no value")
             if name == "ro":
                 options.read_only = True
@@ -111,6 +159,8 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.s3[name] = float("inf") if forever else _positive(name, value, float)
             elif name == "timeout":
                 options.s3[name] = _positive(name, value, float)
+            elif name in KERNEL_FLAGS:
+                options.flags[_flag_pair(name)] = name
             elif name == "read_cache":
                 options.read_cache = parse_size(value)
             elif name == "spool" and value:

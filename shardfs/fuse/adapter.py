@@ -22,6 +22,7 @@ from typing import Any, ParamSpec, TypeVar
 import pyfuse3
 import trio
 
+from shardfs.checksum.digests import ChunkDigests
 from shardfs.errors import (
     AlreadyExists,
     CannotMove,
@@ -36,7 +37,7 @@ from shardfs.errors import (
 )
 from shardfs.fuse.inodes import InodeTable
 from shardfs.storage.blocking import WouldBlock, nonblocking
-from shardfs.view import Attr, Namespace, Node, Reader
+from shardfs.view import Attr, Namespace, Node, Reader, Role
 from shardfs.writeback import Handle, Workspace
 from shardfs.writeback.overlay import Kind
 
@@ -57,6 +58,8 @@ _ERRNO: list[tuple[type[ShardfsError], int]] = [
 ]
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+#: The extended attribute holding a chunk file's md5 (hex), for checksum tools.
+MD5_XATTR = b"user.md5"
 
 
 def errno_for(error: ShardfsError) -> int:
@@ -382,3 +385,35 @@ class Operations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.ENOTSUP)
 
     removexattr = setxattr
+
+    # -- extended attributes ----------------------------------------------------------
+
+    @functools.cached_property
+    def _digests(self) -> ChunkDigests:
+        """The md5s behind `user.md5`, made on first use (most mounts are never asked)."""
+        return ChunkDigests(self.workspace.ns if self.workspace is not None else self.view)
+
+    def _has_md5(self, node: Node) -> bool:
+        """Chunk files of a Zarr view have `user.md5`, unless written through the mount and
+        not yet committed (their bytes are in the write buffer, not in a shard)."""
+        if node.role is not Role.CHUNK:
+            return False
+        if self.workspace is not None:
+            return self.workspace.overlay.entry(node.path) is None
+        return isinstance(self.view, Namespace)
+
+    def _md5(self, node: Node) -> str | None:
+        return self._digests.md5(node) if self._has_md5(node) else None
+
+    @_errors
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if name != MD5_XATTR:
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        digest = await self._run(self._md5, self._node(inode))
+        if digest is None:
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        return digest.encode()
+
+    @_errors
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        return [MD5_XATTR] if self._has_md5(self._node(inode)) else []

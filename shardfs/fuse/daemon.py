@@ -1,6 +1,10 @@
 """Run one mount: init pyfuse3, serve until unmounted or signalled, clean up.
 
-pyfuse3 keeps global state, so there is one mount per process.
+pyfuse3 keeps global state, so there is one mount per process. However the
+mount ends (SIGTERM, SIGINT, `umount`, `fusermount3 -u`, `shardfs umount`),
+a read-write daemon commits what it still buffers before it exits, and keeps
+what it cannot commit on disk for the next mount (`shardfs.writeback.leftover`).
+Under systemd it reports readiness and shutdown through sd_notify.
 """
 
 from __future__ import annotations
@@ -13,11 +17,15 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
+from shardfs.errors import ShardfsError
 from shardfs.fuse.adapter import MountConfig, Operations
-from shardfs.fuse.mounts import mount_type
+from shardfs.fuse.mounts import DaemonLock, mount_type
+from shardfs.fuse.notify import notify
 from shardfs.view import Namespace
 from shardfs.view.precomputed import PrecomputedNamespace
 from shardfs.writeback import Workspace
+from shardfs.writeback.leftover import Leftovers
+from shardfs.writeback.overlay import ShardRef
 
 log = logging.getLogger("shardfs")
 
@@ -26,9 +34,9 @@ log = logging.getLogger("shardfs")
 TICK = 0.25
 
 
-async def _commit_loop(workspace: Workspace, interval: float) -> None:
+async def _commit_loop(workspace: Workspace, interval: float, leftovers: Leftovers | None) -> None:
     """Commit shards whose oldest change is `interval` seconds old, or everything once
-    the write buffer is filling up."""
+    the write buffer is filling up; forget kept chunks of earlier mounts once committed."""
     pressure, committer = workspace.buffer.pressure, workspace.committer
     while True:
         await trio.sleep(min(TICK, interval))
@@ -36,6 +44,8 @@ async def _commit_loop(workspace: Workspace, interval: float) -> None:
         pressure.clear()
         if committer.due(age):
             await trio.to_thread.run_sync(committer.commit_due, age)
+            if leftovers is not None:
+                await trio.to_thread.run_sync(leftovers.prune, workspace)
 
 
 def serve(
@@ -45,17 +55,25 @@ def serve(
     fuse_options: set[str],
     on_ready: Callable[[], None] | None = None,
     flush_interval: float = 5.0,
-) -> None:
+    leftovers: Leftovers | None = None,
+) -> str:
     """Mount `view` at `mountpoint` and serve it until it is unmounted.
 
     `on_ready` is called once the mount answers requests (a stat of the
-    mountpoint went through the kernel to this process and back). SIGTERM and
-    SIGINT unmount cleanly. A workspace commits every `flush_interval` seconds
-    and, after the unmount, everything still buffered. Raises RuntimeError if
-    the kernel refuses the mount.
+    mountpoint went through the kernel to this process and back); systemd is
+    told then too. SIGTERM and SIGINT unmount cleanly. A workspace commits
+    every `flush_interval` seconds and, after the unmount, everything still
+    buffered; what fails is kept in `leftovers`. Returns "" if all went well,
+    else what could not be committed. Raises RuntimeError if the kernel refuses
+    the mount.
     """
     operations = Operations(view, config)
-    pyfuse3.init(operations, mountpoint, fuse_options)
+    lock = DaemonLock(mountpoint)
+    try:
+        pyfuse3.init(operations, mountpoint, fuse_options)
+    except BaseException:
+        lock.release("the mount failed")
+        raise
     signalled = False
 
     async def main() -> None:
@@ -69,6 +87,7 @@ def serve(
             async def report_ready() -> None:
                 await trio.to_thread.run_sync(os.stat, mountpoint)
                 log.info("mounted %s", mountpoint)
+                notify("READY=1", f"STATUS=serving {mountpoint}")
                 if on_ready is not None:
                     on_ready()
 
@@ -85,31 +104,98 @@ def serve(
             nursery.start_soon(report_ready)
             nursery.start_soon(watch_signals)
             if isinstance(view, Workspace):
-                nursery.start_soon(_commit_loop, view, flush_interval)
+                nursery.start_soon(_commit_loop, view, flush_interval, leftovers)
 
+    outcome = "the daemon failed"
     try:
         trio.run(main)
+        outcome = ""
     finally:
-        # After a kernel-side unmount the session is already detached; after a
-        # signal (or a crash of the loop) we must unmount ourselves.
-        pyfuse3.close(unmount=signalled or mount_type(mountpoint) is not None)
-        log.info("unmounted %s", mountpoint)
-        if isinstance(view, Workspace):
-            _final_commit(view)
+        _hold_signals()
+        notify("STOPPING=1", f"STATUS=unmounting {mountpoint}")
+        try:
+            # After a kernel-side unmount the session is already detached; after a
+            # signal (or a crash of the loop) we must unmount ourselves.
+            pyfuse3.close(unmount=signalled or mount_type(mountpoint) is not None)
+            log.info("unmounted %s", mountpoint)
+            if isinstance(view, Workspace):
+                notify("STATUS=committing what is still buffered")
+                try:
+                    outcome = _final_commit(view, leftovers) or outcome
+                except Exception:
+                    log.exception("the final commit failed")
+                    outcome = "the final commit failed"
+        finally:
+            lock.release(outcome)
+    return outcome
 
 
-def _final_commit(workspace: Workspace) -> None:
-    """Commit what is still buffered; what cannot be committed is named in the log."""
-    failed = workspace.sync()
-    if failed:
-        log.error(
-            "%d shards could not be committed at unmount; their buffered chunks are lost", failed
+def _hold_signals() -> None:
+    """From the unmount on, SIGTERM and SIGINT must not cut the final commit short: they
+    are logged and otherwise ignored (SIGKILL still ends the daemon)."""
+
+    def held(signum: int, _frame: object) -> None:
+        log.warning(
+            "%s received while unmounting: committing buffered chunks first",
+            signal.Signals(signum).name,
         )
-    else:
+
+    signal.signal(signal.SIGTERM, held)
+    signal.signal(signal.SIGINT, held)
+
+
+def _final_commit(workspace: Workspace, leftovers: Leftovers | None) -> str:
+    """Commit what is still buffered; keep what fails in `leftovers`, naming each shard in
+    the log. Returns "" or what went wrong."""
+    workspace.sync()
+    failed = [ref for ref, _ in workspace.overlay.dirty_shards()]
+    kept: list[ShardRef] = []
+    if leftovers is not None:
+        try:
+            kept = leftovers.save(workspace)
+        except OSError as e:
+            log.error("cannot keep uncommitted chunks in %s: %s", leftovers.directory, e)
+    workspace.buffer.close()
+    if not failed:
         committer = workspace.committer
         log.info(
             "all buffered chunks committed (this mount: %d shard appends, %d whole writes)",
             committer.appends,
             committer.rewrites,
         )
-    workspace.buffer.close()
+        return ""
+    lost = [_describe(workspace, ref) for ref in failed if ref not in kept]
+    if kept:
+        assert leftovers is not None
+        log.error(
+            "could not commit %s at unmount: %s; their chunks are kept in %s and committed "
+            "by the next read-write mount of this source",
+            _shards(len(kept)),
+            ", ".join(_describe(workspace, ref) for ref in kept),
+            leftovers.directory,
+        )
+    if lost:
+        log.error(
+            "could not commit %s at unmount, and their chunks are lost: %s",
+            _shards(len(lost)),
+            ", ".join(lost),
+        )
+    return f"could not commit {_shards(len(failed))}" + (
+        f"; kept in {leftovers.directory}" if kept and leftovers is not None else ""
+    )
+
+
+def _shards(count: int) -> str:
+    return f"{count} shard" + ("" if count == 1 else "s")
+
+
+def _describe(workspace: Workspace, ref: ShardRef) -> str:
+    """The name of a shard for a log line: its file or object, if its array's metadata
+    can still be read."""
+    try:
+        array = workspace.ns.array_at(ref[0])
+    except ShardfsError:
+        array = None
+    if array is None:
+        return f"shard {list(ref[1])} of {ref[0] or '/'}"
+    return workspace.storage.describe(workspace.ns.shard_key(array, ref[1]))

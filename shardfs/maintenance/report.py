@@ -19,12 +19,12 @@ def format_size(nbytes: int) -> str:
     return f"{value:.1f} {unit}"
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """Aligned lines: the first column to the left, the others (numbers) to the right."""
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
+    """Aligned lines: the first `left` columns to the left, the others (numbers) to the right."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     return [
         "  ".join(
-            cell.ljust(width) if i == 0 else cell.rjust(width)
+            cell.ljust(width) if i < left else cell.rjust(width)
             for i, (cell, width) in enumerate(zip(row, widths, strict=True))
         ).rstrip()
         for row in [header, *rows]

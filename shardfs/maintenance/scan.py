@@ -10,6 +10,7 @@ half-written append must not be taken for damage.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -77,18 +78,25 @@ def display(path: str) -> str:
     return "/" + path
 
 
-def find_shards(storage: Storage) -> Inventory:
-    """Every sharded array of the source's hierarchy with its shard keys, in path order.
+@dataclass(frozen=True)
+class NodeMeta:
+    """A group or array of the hierarchy and its parsed `zarr.json`."""
+
+    path: str
+    meta: dict[str, Any]
+
+
+def find_nodes(storage: Storage) -> tuple[list[NodeMeta], list[Skipped]]:
+    """Every group and array of the source's hierarchy, in path order, and the nodes whose
+    metadata does not parse (with the reason).
 
     Directories without `zarr.json` are searched too, since a stray directory
-    may still hold arrays below it. Arrays whose metadata
-    cannot be understood are skipped with the reason; unsharded arrays are
-    left out. Draft v3 sources are not supported.
+    may still hold arrays below it. Draft v3 sources are not supported.
     """
     hierarchy = open_hierarchy(storage)
     if not isinstance(hierarchy, ZarrV3):
-        return Inventory([], [Skipped("", "draft Zarr v3 sources are not supported")])
-    arrays: list[ShardedArray] = []
+        return [], [Skipped("", "draft Zarr v3 sources are not supported")]
+    nodes: list[NodeMeta] = []
     skipped: list[Skipped] = []
     pending = [""]
     while pending:
@@ -98,18 +106,36 @@ def find_shards(storage: Storage) -> Inventory:
             assert doc.key is not None  # a final v3 node always has its zarr.json
             try:
                 meta = parse_node(_read_whole(storage, doc.key))
-                if meta["node_type"] == "array":
-                    layout = sharded_layout(meta)
-                    if layout is not None:
-                        arrays.append(
-                            ShardedArray(path, layout, _shard_keys(storage, path, layout))
-                        )
-                    continue
-            except (InvalidMetadata, Unshardable) as e:
+            except InvalidMetadata as e:
                 skipped.append(Skipped(path, str(e)))
                 continue
+            nodes.append(NodeMeta(path, meta))
+            if meta["node_type"] == "array":
+                continue
         pending += [join(path, e.name) for e in _list(storage, path) if e.stat.is_dir]
-    arrays.sort(key=lambda a: a.path)
+    nodes.sort(key=lambda n: n.path)
+    skipped.sort(key=lambda s: s.path)
+    return nodes, skipped
+
+
+def find_shards(storage: Storage) -> Inventory:
+    """Every sharded array of the source's hierarchy with its shard keys, in path order.
+
+    Arrays whose metadata cannot be understood are skipped with the reason;
+    unsharded arrays are left out (see `find_nodes`).
+    """
+    nodes, skipped = find_nodes(storage)
+    arrays: list[ShardedArray] = []
+    for node in nodes:
+        if node.meta["node_type"] != "array":
+            continue
+        try:
+            layout = sharded_layout(node.meta)
+        except (InvalidMetadata, Unshardable) as e:
+            skipped.append(Skipped(node.path, str(e)))
+            continue
+        if layout is not None:
+            arrays.append(ShardedArray(node.path, layout, shard_keys(storage, node.path, layout)))
     skipped.sort(key=lambda s: s.path)
     return Inventory(arrays, skipped)
 
@@ -135,8 +161,9 @@ def _list(storage: Storage, key: str) -> list[Entry]:
         return []
 
 
-def _shard_keys(storage: Storage, path: str, layout: ShardedLayout) -> list[str]:
-    """The keys of the shard objects below the array directory `path`, sorted."""
+def shard_keys(storage: Storage, path: str, layout: ShardedLayout) -> list[str]:
+    """The keys of the shard objects (or, for a layout of an unsharded array, the chunk
+    objects) below the array directory `path`, sorted."""
     keys, ndim = layout.keys, layout.ndim
     if not keys.nested:
         return sorted(

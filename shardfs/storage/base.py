@@ -95,6 +95,14 @@ class Storage(ABC):
     def describe(self, key: str) -> str:
         """A human-readable name of `key` for log lines (never includes credentials)."""
 
+    def etag(self, stat: Stat) -> str | None:
+        """The ETag of the object `stat` describes, without quotes, if the store keeps one.
+
+        It comes with listings, so DANDI's zarr checksum (which takes it as a
+        file's digest: the md5 of objects uploaded in one part) needs no read.
+        """
+        return None
+
     @abstractmethod
     def put(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
         """Replace or create object `key` with the concatenation of `parts`, atomically.

@@ -208,6 +208,9 @@ class S3Storage(Storage):
     def describe(self, key: str) -> str:
         return f"s3://{self.bucket}/{self._object(key)}"
 
+    def etag(self, stat: Stat) -> str | None:
+        return str(stat.version).strip('"')
+
     # -- reads ----------------------------------------------------------------
 
     def stat(self, key: str) -> Stat | None:

@@ -885,6 +885,35 @@ class Namespace:
                 listing.append((name, node, Attr(False, array.served_size(size), mtime)))
         return listing
 
+    # -- bulk chunk listings, for walks over the whole view (checksums) ----------------------
+
+    def leaf_chunks(self, node: Node) -> list[tuple[str, ShardTable, np.ndarray, np.ndarray]]:
+        """What `listdir` shows in a chunk directory that fixes every coordinate but the
+        last (it holds only chunk files), in bulk: per shard, (shard key, table, the last
+        coordinate of each chunk file, their (offset, nbytes) in the shard). A walk over
+        every file of the view needs no node per chunk."""
+        array = self._fresh_array(node)
+        layout, prefix = array.layout, node.coords
+        assert node.role is Role.CHUNK_DIR and len(prefix) == layout.ndim - 1, node
+        cps = layout.chunks_per_shard
+        shard_prefix = tuple(i // n for i, n in zip(prefix, cps, strict=False))
+        local = tuple(i % n for i, n in zip(prefix, cps, strict=False))
+        found = []
+        for entry in self.storage.list(self._shard_dir(array, prefix)):
+            index = layout.keys.component(entry.name, len(prefix))
+            table = None
+            if index is not None and not entry.stat.is_dir:
+                table = self.table(array, (*shard_prefix, index))
+            if table is None:
+                continue
+            extents = table.entries[local]
+            used = np.flatnonzero(extents[:, 1] != EMPTY)
+            last = used + index * cps[-1]
+            keep = last < layout.grid[-1]
+            key = self.shard_key(array, (*shard_prefix, index))
+            found.append((key, table, last[keep], extents[used[keep]]))
+        return found
+
     # -- data -------------------------------------------------------------------
 
     def open(self, node: Node) -> Reader:

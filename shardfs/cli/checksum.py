@@ -1,0 +1,151 @@
+"""`shardfs checksum`: the DANDI zarr checksum of a source as stored, or of its unsharded view."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from shardfs.checksum import (
+    EMPTY_CHECKSUM,
+    ChecksumTree,
+    Digest,
+    stored_checksum,
+    virtual_checksum,
+)
+from shardfs.cli.options import MountOptions, parse_options
+from shardfs.errors import ShardfsError, UsageError
+from shardfs.maintenance import Progress
+from shardfs.storage import LocalStorage, Storage
+
+#: The `-o` options that mean something here: how to reach S3, and the index cache.
+OPTIONS = ("endpoint_url", "region", "profile", "anon", "timeout", "metadata_ttl", "index_cache")
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "checksum",
+        help="print the DANDI zarr checksum of SOURCE, as stored or as the unsharded view",
+        description=(
+            "Print the DANDI zarr checksum (the tree hash the DANDI Archive keeps for a zarr "
+            "asset, as the zarr_checksum package computes it) of SOURCE as stored, shard files "
+            "included; on S3 from the listings' ETags alone, without reading objects. With "
+            "--virtual, of the unsharded view instead: every file as a mount of SOURCE shows "
+            "it, so it equals the checksum of a mount or of an unsharded copy."
+        ),
+    )
+    parser.add_argument("source", help="a local directory or s3://BUCKET/PREFIX")
+    parser.add_argument(
+        "--virtual", action="store_true", help="the checksum of the unsharded view of SOURCE"
+    )
+    parser.add_argument(
+        "--view", choices=("v3", "v2"), help="with --virtual: the view (as -o view=; default v3)"
+    )
+    parser.add_argument(
+        "--tree",
+        metavar="DIR",
+        help="also write each directory's .checksum document into DIR (new or empty)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the digest, file count and size as JSON"
+    )
+    parser.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="OPT[,OPT...]",
+        help="as for mount: " + ", ".join(OPTIONS),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    options = _options(args)
+    if args.view is not None and not args.virtual:
+        raise UsageError("--view applies to --virtual only")
+    if args.tree is not None:
+        _check_empty(args.tree)
+    try:
+        with Progress("checksum", sys.stderr, unit="files") as progress:
+            tree = _compute(args, options, progress)
+    except ShardfsError as e:
+        if not e.logged:
+            raise
+        return 1  # its line is written already
+    digest = tree.digest() if args.tree is None else write_documents(tree, args.tree)
+    if args.json:
+        print(json.dumps({"digest": str(digest), "count": digest.count, "size": digest.size}))
+    else:
+        print(digest)
+    return 0
+
+
+def _options(args: argparse.Namespace) -> MountOptions:
+    options = parse_options(args.options)
+    for item in options.given:
+        name = item.partition("=")[0]
+        if name not in OPTIONS:
+            raise UsageError(f"option {name!r} does not apply to shardfs checksum")
+    options.read_only = True  # nothing is written: listings may be cached as a ro mount does
+    return options
+
+
+def _compute(args: argparse.Namespace, options: MountOptions, progress: Progress) -> ChecksumTree:
+    if args.virtual:
+        from shardfs.cli import open_source  # here: shardfs.cli imports this module
+        from shardfs.view import Namespace, View
+        from shardfs.view.hierarchy import Hierarchy
+
+        hierarchy = open_source(args.source, options)
+        if not isinstance(hierarchy, Hierarchy):
+            raise UsageError(f"--virtual: {args.source} is not a Zarr source")
+        namespace = Namespace(
+            hierarchy.storage,
+            index_cache=options.index_cache,
+            view=View(args.view or "v3"),
+            hierarchy=hierarchy,
+            read_cache=0,  # shards are read in big pieces, never chunk by chunk
+        )
+        return virtual_checksum(namespace, progress)
+    storage = _storage(args.source, options)
+    tree = stored_checksum(storage, progress)
+    if args.source.startswith("s3://") and not len(tree):
+        raise UsageError(f"source {args.source} holds no objects")
+    return tree
+
+
+def _storage(source: str, options: MountOptions) -> Storage:
+    """Any tree, Zarr or not (a plain copy, say), so not `open_source`'s Zarr check."""
+    if source.startswith("s3://"):
+        from shardfs.storage.s3 import S3Storage, parse_url  # boto3 only when needed
+
+        bucket, prefix = parse_url(source)
+        return S3Storage(bucket, prefix, options.s3_config())
+    if not os.path.isdir(source):
+        problem = "is not a directory" if os.path.exists(source) else "does not exist"
+        raise UsageError(f"source {source} {problem}")
+    return LocalStorage(source)
+
+
+def _check_empty(directory: str) -> None:
+    """Refuse a DIR with files: stale documents of directories gone since would mislead."""
+    if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
+        raise UsageError(f"--tree {directory} must be a new or empty directory")
+
+
+def write_documents(tree: ChecksumTree, directory: str) -> Digest:
+    """Write each directory's `.checksum` document at its path below `directory`, as DANDI
+    stores them; return the root's digest."""
+    digest = Digest.parse(EMPTY_CHECKSUM)
+    os.makedirs(directory, exist_ok=True)
+    for node in tree.directories():
+        parts = node.path.split("/") if node.path else []
+        if any(part in ("", ".", "..") for part in parts):
+            raise UsageError(f"cannot write a .checksum document for the path {node.path!r}")
+        target = os.path.join(directory, *parts)
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, ".checksum"), "w", encoding="ascii") as f:
+            f.write(node.document())
+        digest = node.digest
+    return digest

@@ -1,0 +1,67 @@
+"""`shardfs info`: the hierarchy of a source, array by array (see `shardfs.maintenance.info`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from shardfs.cli.options import parse_options
+from shardfs.errors import UsageError
+from shardfs.maintenance import Progress
+from shardfs.maintenance.info import survey
+
+#: The `-o` options that mean something here: how to reach S3.
+OPTIONS = ("endpoint_url", "region", "profile", "anon", "timeout")
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "info",
+        help="print the arrays of SOURCE: format, shape, shards, chunks, dead space",
+        description=(
+            "Print every group and array of SOURCE: an array's format (sharded or not), data "
+            "type, shape, shard and inner chunk shapes, the shards found, the non-empty inner "
+            "chunks (read from the shard indexes) and the dead space that appends left in the "
+            "shards (`shardfs compact` frees it). Changes nothing; safe while SOURCE is mounted."
+            " Exit status: 0 done, 1 damaged shards found, 2 usage error."
+        ),
+    )
+    parser.add_argument("source", help="a local directory or s3://BUCKET/PREFIX")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="OPT[,OPT...]",
+        help="as for mount: " + ", ".join(OPTIONS),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: shardfs.cli imports this module, and this needs its open_source.
+    from shardfs.cli import open_source
+    from shardfs.view.precomputed import PrecomputedSource
+
+    try:
+        options = parse_options(args.options)
+        unknown = [o for o in options.given if o.partition("=")[0] not in OPTIONS]
+        if unknown:
+            raise UsageError(f"option {unknown[0]!r} does not apply to info")
+        source = open_source(args.source, options)
+        if isinstance(source, PrecomputedSource):
+            raise UsageError(
+                f"source {args.source} is a Neuroglancer precomputed volume: "
+                "info describes Zarr v3 sources only"
+            )
+    except UsageError as e:
+        print(f"shardfs: {e}", file=sys.stderr)
+        return 2
+    with Progress("info", sys.stderr, unit="shard indexes") as progress:
+        report = survey(source.storage, progress)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print("\n".join(report.lines()))
+    return 1 if any(n.damaged for n in report.nodes) else 0
