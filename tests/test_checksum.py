@@ -31,7 +31,7 @@ from shardfs.view import Namespace, View
 from tests import test_mount_draft as draft_arrays
 from tests.backends import Source
 from tests.s3 import S3Env
-from tests.test_mount_v2_view import EXTRA
+from tests.test_mount_v2_view import EXTRA, add_v2_chains
 from tests.test_mount_zarr_python import build
 from tests.zarr2 import Zarr2
 
@@ -206,16 +206,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (a trailing crc32c cut off, a crc32c mid-chain decoded)."""
     source = tmp_path_factory.mktemp("checksum") / "src"
     build(source)
-    v2 = zarr.open_group(source, mode="r+").create_group("v2")
-    for case in EXTRA:
-        array = v2.create_array(
-            case.name.split("/")[1],
-            shape=case.data.shape,
-            dtype=case.data.dtype,
-            fill_value=case.fill,
-            **case.options,
-        )
-        array[...] = case.data
+    add_v2_chains(source)
     return source
 
 

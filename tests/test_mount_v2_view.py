@@ -113,13 +113,11 @@ print(json.dumps(sorted(names)))
 """
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory, zarr2: Zarr2) -> Iterator[Tree]:
-    base = tmp_path_factory.mktemp("v2_view")
-    source = base / "src"
-    build(source)
-    root = zarr.open_group(source, mode="r+")
-    v2 = root.create_group("v2", attributes={"about": "chains for the v2 view"})
+def add_v2_chains(source: Path) -> None:
+    """Write the EXTRA arrays (chains the v2 view serves other bytes for) into group `v2`."""
+    v2 = zarr.open_group(source, mode="r+").create_group(
+        "v2", attributes={"about": "chains for the v2 view"}
+    )
     for case in EXTRA:
         array = v2.create_array(
             case.name.split("/")[1],
@@ -129,6 +127,14 @@ def tree(tmp_path_factory: pytest.TempPathFactory, zarr2: Zarr2) -> Iterator[Tre
             **case.options,
         )
         array[...] = case.data
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory, zarr2: Zarr2) -> Iterator[Tree]:
+    base = tmp_path_factory.mktemp("v2_view")
+    source = base / "src"
+    build(source)
+    add_v2_chains(source)
     mounted = start_mount(source, base / "mnt", base / "mnt.log", "ro", "view=v2")
     try:
         out = base / "zarr2"

@@ -597,7 +597,7 @@ def test_info_refuses_what_it_does_not_describe(tmp_path: Path) -> None:
     assert result.returncode == 2 and "Zarr v3 sources only" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     result = run("info", str(tmp_path / "volume"), "-o", "ro")
-    assert result.returncode == 2 and "does not apply to info" in result.stderr
+    assert result.returncode == 2 and "does not apply to shardfs info" in result.stderr
 
 
 def test_info_on_s3_matches_the_local_report(tmp_path: Path, s3, capsys) -> None:

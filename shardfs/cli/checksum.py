@@ -14,7 +14,7 @@ from shardfs.checksum import (
     stored_checksum,
     virtual_checksum,
 )
-from shardfs.cli.options import MountOptions, parse_options
+from shardfs.cli.options import MountOptions, add_option_argument, parse_options_for
 from shardfs.errors import ShardfsError, UsageError
 from shardfs.maintenance import Progress
 from shardfs.storage import LocalStorage, Storage
@@ -50,14 +50,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the digest, file count and size as JSON"
     )
-    parser.add_argument(
-        "-o",
-        dest="options",
-        action="append",
-        default=[],
-        metavar="OPT[,OPT...]",
-        help="as for mount: " + ", ".join(OPTIONS),
-    )
+    add_option_argument(parser, OPTIONS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,11 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _options(args: argparse.Namespace) -> MountOptions:
-    options = parse_options(args.options)
-    for item in options.given:
-        name = item.partition("=")[0]
-        if name not in OPTIONS:
-            raise UsageError(f"option {name!r} does not apply to shardfs checksum")
+    options = parse_options_for(args.options, OPTIONS, "checksum")
     options.read_only = True  # nothing is written: listings may be cached as a ro mount does
     return options
 

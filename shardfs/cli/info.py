@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from shardfs.cli.options import parse_options
+from shardfs.cli.options import add_option_argument, parse_options_for
 from shardfs.errors import UsageError
 from shardfs.maintenance import Progress
 from shardfs.maintenance.info import survey
@@ -29,14 +29,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("source", help="a local directory or s3://BUCKET/PREFIX")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
-        "-o",
-        dest="options",
-        action="append",
-        default=[],
-        metavar="OPT[,OPT...]",
-        help="as for mount: " + ", ".join(OPTIONS),
-    )
+    add_option_argument(parser, OPTIONS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,10 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from shardfs.view.precomputed import PrecomputedSource
 
     try:
-        options = parse_options(args.options)
-        unknown = [o for o in options.given if o.partition("=")[0] not in OPTIONS]
-        if unknown:
-            raise UsageError(f"option {unknown[0]!r} does not apply to info")
+        options = parse_options_for(args.options, OPTIONS, "info")
         source = open_source(args.source, options)
         if isinstance(source, PrecomputedSource):
             raise UsageError(

@@ -10,10 +10,11 @@ fails on them.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -173,4 +174,26 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             else:
                 raise UsageError(f"unknown mount option {item!r}")
             options.given.append(item)
+    return options
+
+
+def add_option_argument(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    """`-o OPT[,OPT...]` for a command that takes only the mount options `names`."""
+    parser.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="OPT[,OPT...]",
+        help="as for mount: " + ", ".join(names),
+    )
+
+
+def parse_options_for(groups: Iterable[str], names: Sequence[str], command: str) -> MountOptions:
+    """`parse_options`, refusing the options that do not apply to `command` (not in `names`)."""
+    options = parse_options(groups)
+    for item in options.given:
+        name = item.partition("=")[0]
+        if name not in names:
+            raise UsageError(f"option {name!r} does not apply to shardfs {command}")
     return options

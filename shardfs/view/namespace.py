@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum, auto
@@ -318,7 +319,34 @@ class Reader:
         self._table = table
 
 
-class Namespace:
+def entry_path(parent: Node, name: str) -> str:
+    """The view path of entry `name` of directory node `parent`, refusing what cannot be an
+    entry there (NotADirectory, NotFound), before any storage is asked."""
+    if not parent.is_dir:
+        raise NotADirectory(parent.path)
+    if name in ("", ".", "..") or "/" in name:
+        raise NotFound(name)
+    return join(parent.path, name)
+
+
+class Resolves(ABC):
+    """A view whose paths resolve by lookups from its root."""
+
+    @abstractmethod
+    def root(self) -> Node: ...
+
+    @abstractmethod
+    def lookup(self, parent: Node, name: str) -> Node: ...
+
+    def resolve(self, path: str) -> Node:
+        """The node at a `/`-separated view path ("" is the root)."""
+        node = self.root()
+        for name in filter(None, path.split("/")):
+            node = self.lookup(node, name)
+        return node
+
+
+class Namespace(Resolves):
     """The view of one source. Thread-safe; every method may block on storage."""
 
     def __init__(
@@ -357,19 +385,8 @@ class Namespace:
             raise NotFound("source root is gone")
         return self.dir_node("")
 
-    def resolve(self, path: str) -> Node:
-        """The node at a `/`-separated view path ("" is the root)."""
-        node = self.root()
-        for name in filter(None, path.split("/")):
-            node = self.lookup(node, name)
-        return node
-
     def lookup(self, parent: Node, name: str) -> Node:
-        if not parent.is_dir:
-            raise NotADirectory(parent.path)
-        if name in ("", ".", "..") or "/" in name:
-            raise NotFound(name)
-        path = join(parent.path, name)
+        path = entry_path(parent, name)
         if parent.role is Role.DIR:
             return self._source_node(path)
         meta = self._fresh(parent.meta)

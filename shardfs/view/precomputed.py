@@ -44,7 +44,15 @@ from shardfs.formats.precomputed import (
 from shardfs.storage.base import Entry, Stat, Storage
 from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import join
-from shardfs.view.namespace import WHOLE_CHUNK_LIMIT, Attr, Node, Role, logged_corruption
+from shardfs.view.namespace import (
+    WHOLE_CHUNK_LIMIT,
+    Attr,
+    Node,
+    Resolves,
+    Role,
+    entry_path,
+    logged_corruption,
+)
 
 log = logging.getLogger("shardfs")
 
@@ -97,7 +105,7 @@ def _cost(value: np.ndarray | Minishard | int) -> int:
     return 128
 
 
-class PrecomputedNamespace:
+class PrecomputedNamespace(Resolves):
     """The view of one precomputed source, for the FUSE adapter's read-only calls
     (`root`, `resolve`, `lookup`, `attr`, `listdir`, `open`). Thread-safe; every method
     may block on storage."""
@@ -157,19 +165,8 @@ class PrecomputedNamespace:
             raise NotFound("source root is gone")
         return Node("", Role.DIR)
 
-    def resolve(self, path: str) -> Node:
-        """The node at a `/`-separated view path ("" is the root)."""
-        node = self.root()
-        for name in filter(None, path.split("/")):
-            node = self.lookup(node, name)
-        return node
-
     def lookup(self, parent: Node, name: str) -> Node:
-        if not parent.is_dir:
-            raise NotADirectory(parent.path)
-        if name in ("", ".", "..") or "/" in name:
-            raise NotFound(name)
-        path = join(parent.path, name)
+        path = entry_path(parent, name)
         volume = self.volume()
         return Node(path, self._role(volume, path, self._target(volume, path)))
 
