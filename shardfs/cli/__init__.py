@@ -171,22 +171,24 @@ def _implied_mount(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list
 # -- checks shared by the parent and the daemon ------------------------------------------
 
 
-def open_source(source: str, options: MountOptions | None = None) -> Hierarchy | PrecomputedSource:
-    """The hierarchy at SOURCE (a directory or s3://BUCKET/PREFIX), checked to be
-    Zarr v3 (final or draft) at its root; or, with no zarr.json but an `info` there,
-    a Neuroglancer precomputed volume."""
-    storage: Storage
+def open_storage(source: str, options: MountOptions) -> Storage:
+    """The storage at SOURCE (a directory or s3://BUCKET/PREFIX), whatever it holds."""
     if not is_local(source):
         from shardfs.storage.s3 import S3Storage, parse_url  # boto3 only when needed
 
         bucket, prefix = parse_url(source)
-        storage = S3Storage(bucket, prefix, (options or MountOptions()).s3_config())
-    elif not os.path.exists(source):
-        raise UsageError(f"source {source} does not exist")
-    elif not os.path.isdir(source):
-        raise UsageError(f"source {source} is not a directory")
-    else:
-        storage = LocalStorage(source)
+        return S3Storage(bucket, prefix, options.s3_config())
+    if not os.path.isdir(source):
+        problem = "is not a directory" if os.path.exists(source) else "does not exist"
+        raise UsageError(f"source {source} {problem}")
+    return LocalStorage(source)
+
+
+def open_source(source: str, options: MountOptions | None = None) -> Hierarchy | PrecomputedSource:
+    """The hierarchy at SOURCE (a directory or s3://BUCKET/PREFIX), checked to be
+    Zarr v3 (final or draft) at its root; or, with no zarr.json but an `info` there,
+    a Neuroglancer precomputed volume."""
+    storage = open_storage(source, options or MountOptions())
     try:
         stat = storage.stat("zarr.json")
         volume = open_volume(storage) if stat is None or stat.is_dir else None

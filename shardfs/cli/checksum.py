@@ -17,7 +17,6 @@ from shardfs.checksum import (
 from shardfs.cli.options import MountOptions, add_option_argument, parse_options_for
 from shardfs.errors import ShardfsError, UsageError
 from shardfs.maintenance import Progress
-from shardfs.storage import LocalStorage, Storage
 
 #: The `-o` options that mean something here: how to reach S3, and the index cache.
 OPTIONS = ("endpoint_url", "region", "profile", "anon", "timeout", "metadata_ttl", "index_cache")
@@ -97,24 +96,13 @@ def _compute(args: argparse.Namespace, options: MountOptions, progress: Progress
             read_cache=0,  # shards are read in big pieces, never chunk by chunk
         )
         return virtual_checksum(namespace, progress)
-    storage = _storage(args.source, options)
+    from shardfs.cli import open_storage  # here: shardfs.cli imports this module
+
+    storage = open_storage(args.source, options)
     tree = stored_checksum(storage, progress)
     if args.source.startswith("s3://") and not len(tree):
         raise UsageError(f"source {args.source} holds no objects")
     return tree
-
-
-def _storage(source: str, options: MountOptions) -> Storage:
-    """Any tree, Zarr or not (a plain copy, say), so not `open_source`'s Zarr check."""
-    if source.startswith("s3://"):
-        from shardfs.storage.s3 import S3Storage, parse_url  # boto3 only when needed
-
-        bucket, prefix = parse_url(source)
-        return S3Storage(bucket, prefix, options.s3_config())
-    if not os.path.isdir(source):
-        problem = "is not a directory" if os.path.exists(source) else "does not exist"
-        raise UsageError(f"source {source} {problem}")
-    return LocalStorage(source)
 
 
 def _check_empty(directory: str) -> None:
