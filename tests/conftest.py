@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shardfs.fuse.mounts import mount_type, unmount
+from shardfs.fuse.mounts import mount_type, runtime_dir, unmount
 from tests.zarr2 import Zarr2, ensure_zarr2
 
 #: The S3 fixtures (`moto_server`, `s3`) live with the server and proxy they manage; `src`
@@ -90,3 +93,20 @@ def mount(tmp_path: Path) -> Iterator:
 def zarr2() -> Zarr2:
     """zarr-python 2.18 in its own virtual environment (see tests/zarr2.py)."""
     return ensure_zarr2()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Remove the lock files that daemons killed by tests (SIGKILL) leave in the runtime
+    directory: only those of mountpoints below this run's temporary directory, and only
+    once no process holds them."""
+    yield
+    base = str(tmp_path_factory.getbasetemp().resolve())
+    directory = Path(runtime_dir())
+    for lock in directory.glob("*.lock") if directory.is_dir() else ():
+        with contextlib.suppress(OSError, ValueError), open(lock, "rb") as file:
+            mountpoint = json.loads(file.read() or b"{}").get("mountpoint", "")
+            if not mountpoint.startswith(base + os.sep):
+                continue
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while a daemon holds it
+            lock.unlink()
