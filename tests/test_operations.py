@@ -403,7 +403,7 @@ def test_the_daemon_lock_orders_daemons_and_reports_to_waiters(tmp_path: Path) -
     """A daemon's lock: `shardfs umount` waits on it until the daemon has exited and reads
     its outcome; a new daemon of the same mountpoint waits until the previous one is gone."""
     mp = str(tmp_path / "mnt")
-    first = hold(mp, 1, 1.0, "could not commit 1 shard")
+    first = hold(mp, 1, 4.0, "could not commit 1 shard")  # long enough for a slow start
     processes = [first]
     try:
         assert first.stdout is not None and first.stdout.readline() == "locked\n"

@@ -12,7 +12,6 @@ are read through the view. Reads and hashes run in a thread pool.
 from __future__ import annotations
 
 import hashlib
-import itertools
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -31,7 +30,7 @@ from shardfs.checksum.tree import ChecksumTree
 from shardfs.errors import CorruptData, SourceChanged
 from shardfs.formats.zarr_v2 import Transform
 from shardfs.maintenance.progress import Progress
-from shardfs.view.namespace import ArrayView, Namespace, Node, Role, ShardTable
+from shardfs.view.namespace import ArrayView, Namespace, Node, ShardTable
 
 #: Bytes between two chunks of a shard read over rather than starting a new read (at least).
 GAP = 256 << 10
@@ -72,7 +71,8 @@ class _Read:
 
 
 class _Files:
-    """Every file of the view, found by walking its listings."""
+    """Every file of the view, found by walking its listings. Chunk files come in runs
+    (see `Listing`), so they are added in bulk, with their extents in their shards."""
 
     def __init__(self, namespace: Namespace) -> None:
         self.ns = namespace
@@ -80,71 +80,26 @@ class _Files:
         self.sizes: list[int] = []
         self.shards: dict[str, _Shard] = {}
         self.others: list[tuple[int, Node]] = []
-        #: per array, the file name of each last coordinate in a leaf chunk directory
-        self.names: dict[str, dict[int, str]] = {}
         pending = [namespace.root()]
         while pending:
             directory = pending.pop()
-            if (
-                directory.role is Role.CHUNK_DIR
-                and len(directory.coords) + 1 == directory.array.layout.ndim
-            ):
-                self._leaf(directory)
-                continue
-            listing = namespace.listdir(directory)
-            for _, node, attr in listing:
+            listing = namespace.listing(directory)
+            for _, node, attr in listing.entries:
                 if attr.is_dir:
                     pending.append(node)
-                elif node.role is not Role.CHUNK:
+                else:
                     self.others.append((len(self.paths), node))
                     self.paths.append(node.path)
                     self.sizes.append(attr.size)
-            chunks = [(node, attr.size) for _, node, attr in listing if node.role is Role.CHUNK]
-            for _, group in itertools.groupby(chunks, key=lambda chunk: id(chunk[0].meta)):
-                self._chunks(list(group))
-
-    def _leaf(self, directory: Node) -> None:
-        """A chunk directory holding only chunk files (most of them), listed in bulk.
-
-        A file's name there is the last component of its key, which a nested key
-        encoding makes of the last coordinate alone: names are made once per array.
-        """
-        array, prefix = directory.array, directory.coords
-        names = self.names.setdefault(array.key, {})
-        for key, table, last, extents in self.ns.leaf_chunks(directory):
-            if not len(last):
-                continue  # no chunk of this row is stored in this shard
-            first = len(self.paths)
-            for i in last.tolist():
-                if i not in names:
-                    names[i] = array.names.encode((*prefix, i)).rpartition("/")[2]
-            base = directory.path + "/"
-            self.paths += [base + names[i] for i in last.tolist()]
-            self.sizes += extents[:, 1].tolist()
-            self._add(self._shard(array, key, table), extents, np.arange(first, len(self.paths)))
-
-    def _chunks(self, chunks: list[tuple[Node, int]]) -> None:
-        """Add the chunk files of one array in one listing (thousands of them: in bulk)."""
-        first = len(self.paths)
-        self.paths += [node.path for node, _ in chunks]
-        self.sizes += [size for _, size in chunks]
-        array = chunks[0][0].array
-        coords = np.array([node.coords for node, _ in chunks], dtype=np.int64)
-        indexes = np.arange(first, len(self.paths))
-        per_shard = np.asarray(array.layout.chunks_per_shard, dtype=np.int64)
-        shards, which = np.unique(coords // per_shard, axis=0, return_inverse=True)
-        which = which.reshape(-1)
-        local = coords % per_shard
-        for i, shard_coords in enumerate(shards.tolist()):
-            key = self.ns.shard_key(array, tuple(shard_coords))
-            table = self.ns.table(array, tuple(shard_coords))
-            if table is None:
-                raise SourceChanged(
-                    f"{self.ns.storage.describe(key)} was removed during the checksum"
-                )
-            mine = which == i
-            extents = table.entries[tuple(local[mine].T)]
-            self._add(self._shard(array, key, table), extents, indexes[mine])
+            for run in listing.runs:
+                first = len(self.paths)
+                base = run.directory + "/" if run.directory else ""
+                self.paths += [base + name for name in run.names()]
+                self.sizes += run.sizes.tolist()
+                indexes = np.arange(first, len(self.paths))
+                for i, (key, table) in enumerate(run.shards):
+                    mine = run.shard == i
+                    self._add(self._shard(run.array, key, table), run.extents[mine], indexes[mine])
 
     def _shard(self, array: ArrayView, key: str, table: ShardTable) -> _Shard:
         """The shard's record, made on first sight; its chunks must come from one version."""

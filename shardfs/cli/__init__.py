@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OPT[,OPT...]",
         help=(
             "ro, rw, allow_other, debug, index_cache=SIZE, view=v3|v2, log=FILE, "
-            "write_buffer=SIZE, flush_interval=SECONDS, spool=DIR, shard_new=N; the generic "
+            "write_buffer=SIZE, flush_interval=SECONDS, spool=DIR, shard_new=N, "
+            "read_cache=SIZE, inodes=N; the generic "
             "options of mount(8) and fstab are accepted too"
         ),
     )
@@ -350,7 +351,7 @@ def _run_daemon(
         outcome = serve(
             view,
             args.mountpoint,
-            MountConfig(read_only=options.read_only),
+            MountConfig(read_only=options.read_only, inodes=options.inodes),
             options.fuse_options(_fsname(args.source)),
             on_ready=lambda: report("ready"),
             flush_interval=options.flush_interval,

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+import numpy as np
 import pyfuse3
 import trio
 
@@ -38,6 +39,7 @@ from shardfs.errors import (
 from shardfs.fuse.inodes import InodeTable
 from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.view import Attr, Namespace, Node, Reader, Role
+from shardfs.view.nodes import ChunkRun, Listing
 from shardfs.writeback import Handle, Workspace
 from shardfs.writeback.overlay import Kind
 
@@ -58,8 +60,37 @@ _ERRNO: list[tuple[type[ShardfsError], int]] = [
 ]
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+#: Chunks of a listing named and numbered at a time (a readdirplus reply holds fewer).
+READDIR_BATCH = 256
 #: The extended attribute holding a chunk file's md5 (hex), for checksum tools.
 MD5_XATTR = b"user.md5"
+
+
+def _send(
+    token: pyfuse3.ReaddirToken,
+    entry: pyfuse3.EntryAttributes,
+    position: int,
+    names: list[str],
+    inos: list[int],
+    sizes: np.ndarray,
+    mtimes: list[int],
+) -> int:
+    """Add chunk files to a readdirplus reply, `entry` giving what they share; how many
+    fit. The loop a listing of a million files spends its time in: keep it bare."""
+    reply = pyfuse3.readdir_reply
+    blocks = ((sizes + 511) // 512).tolist()
+    last = -1
+    for i, (name, ino, size, nblocks, mtime) in enumerate(
+        zip(names, inos, sizes.tolist(), blocks, mtimes, strict=True)
+    ):
+        entry.st_ino = ino
+        entry.st_size = size
+        entry.st_blocks = nblocks
+        if mtime != last:
+            entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = last = mtime
+        if not reply(token, name.encode(), entry, position + i + 1):
+            return i
+    return len(names)
 
 
 def errno_for(error: ShardfsError) -> int:
@@ -100,6 +131,9 @@ class MountConfig:
     read_only: bool = True
     timeout: float = 300.0
     workers: int = 16
+    #: inodes held by entries (not chunks, which are numbered by position) before the
+    #: kernel is asked to forget the oldest
+    inodes: int = 100_000
 
     @property
     def cache_timeout(self) -> float:
@@ -123,10 +157,10 @@ class Operations(pyfuse3.Operations):
         self.view = view
         self.workspace = view if isinstance(view, Workspace) else None
         self.config = config
-        self.inodes = InodeTable(view.root())
+        self.inodes = InodeTable(view.root(), config.inodes)
         self._limiter = trio.CapacityLimiter(config.workers)
         self._handles: dict[int, Reader | Handle] = {}
-        self._listings: dict[int, list[tuple[str, Node, Attr]]] = {}
+        self._listings: dict[int, Listing] = {}
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
 
@@ -175,7 +209,14 @@ class Operations(pyfuse3.Operations):
         """The entry of a node the kernel now holds one more reference to."""
         ino = self.inodes.assign(node)
         self.inodes.ref(ino)
+        self._keep_budget()
         return self._entry(ino, attr)
+
+    def _keep_budget(self) -> None:
+        """Ask the kernel to forget the oldest inodes beyond the table's budget (its
+        forgets shrink the table). Asynchronous: never wait on the kernel in a handler."""
+        for parent, name in self.inodes.over_budget():
+            pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
 
     def _lookup_sync(self, parent: Node, name: str) -> tuple[Node, Attr]:
         node = self.view.lookup(parent, name)
@@ -209,23 +250,53 @@ class Operations(pyfuse3.Operations):
     @_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         # The listing is taken once per opendir, so offsets stay stable while it is read.
-        listing = await self._run(self.view.listdir, self._node(inode))
+        listing = await self._run(self.view.listing, self._node(inode))
         fh = next(self._next_fh)
         self._listings[fh] = listing
         return fh
 
     @_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        # readdirplus: every entry carries its attributes, so one listing fills the
+        # kernel's entry and attribute caches (no lookup or getattr per file after it).
         listing = self._listings[fh]
-        for position in range(start_id, len(listing)):
-            name, node, attr = listing[position]
+        for position in range(start_id, len(listing.entries)):
+            name, node, attr = listing.entries[position]
             ino = self.inodes.assign(node)
             if not pyfuse3.readdir_reply(
                 token, os.fsencode(name), self._entry(ino, attr), position + 1
             ):
                 self.inodes.drop_unreferenced(ino)
-                break
+                return
             self.inodes.ref(ino)
+        for position, run, row in listing.chunks(start_id):
+            if not self._reply_chunks(token, run, row, position):
+                break
+        self._keep_budget()
+
+    def _reply_chunks(
+        self, token: pyfuse3.ReaddirToken, run: ChunkRun, row: int, position: int
+    ) -> bool:
+        """Reply with the chunks of `run` from `row` on (at `position`), a batch at a time;
+        whether all of them fit. Their inode numbers are derived from their positions
+        unless the table must count them (see `InodeTable`)."""
+        entry = self._entry(0, Attr(False, 0, 0))
+        while row < len(run):
+            stop = min(row + READDIR_BATCH, len(run))
+            names = run.names(row, stop)
+            inos = self.inodes.run_inodes(run, row, stop)
+            counted = inos is None
+            if inos is None:
+                inos = [self.inodes.assign(run.node(row + i, n)) for i, n in enumerate(names)]
+            details = (names, inos, run.sizes[row:stop], run.mtimes(row, stop))
+            sent = _send(token, entry, position, *details)
+            if counted:
+                for i, ino in enumerate(inos):
+                    (self.inodes.ref if i < sent else self.inodes.drop_unreferenced)(ino)
+            if sent < stop - row:
+                return False
+            row, position = stop, position + sent
+        return True
 
     async def releasedir(self, fh: int) -> None:
         self._listings.pop(fh, None)
@@ -318,15 +389,13 @@ class Operations(pyfuse3.Operations):
 
     @_errors
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        parent = self._node(parent_inode)
-        await self._run(self._writable().unlink, parent, os.fsdecode(name))
-        self.inodes.unlink(f"{parent.path}/{os.fsdecode(name)}".lstrip("/"))
+        node = await self._run(self._writable().unlink, self._node(parent_inode), os.fsdecode(name))
+        self.inodes.unlink(node)
 
     @_errors
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        parent = self._node(parent_inode)
-        await self._run(self._writable().rmdir, parent, os.fsdecode(name))
-        self.inodes.unlink(f"{parent.path}/{os.fsdecode(name)}".lstrip("/"))
+        node = await self._run(self._writable().rmdir, self._node(parent_inode), os.fsdecode(name))
+        self.inodes.unlink(node)
 
     @_errors
     async def rename(
@@ -345,9 +414,8 @@ class Operations(pyfuse3.Operations):
         old_name, new_name = os.fsdecode(name_old), os.fsdecode(name_new)
         noreplace = bool(flags & pyfuse3.RENAME_NOREPLACE)
 
-        await self._run(workspace.rename, old, old_name, new, new_name, noreplace)
-        node = await self._run(workspace.lookup, new, new_name)
-        self.inodes.move(f"{old.path}/{old_name}".lstrip("/"), node)
+        moved = await self._run(workspace.rename, old, old_name, new, new_name, noreplace)
+        self.inodes.move(*moved)
 
     @_errors
     async def link(

@@ -25,8 +25,8 @@ import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from enum import Enum, auto
+from dataclasses import replace
+from enum import Enum
 
 import numpy as np
 
@@ -39,7 +39,6 @@ from shardfs.errors import (
     SourceChanged,
     StorageError,
 )
-from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.zarr_v2 import (
     ZARRAY,
@@ -48,14 +47,12 @@ from shardfs.formats.zarr_v2 import (
     ZMETADATA,
     Transform,
     Untranslatable,
-    V2Array,
     consolidated,
     render,
     v2_array,
     zattrs,
 )
 from shardfs.formats.zarr_v3 import (
-    ShardedLayout,
     Unshardable,
     level_slots,
     plain_layout,
@@ -65,7 +62,18 @@ from shardfs.formats.zarr_v3 import render as render_v3
 from shardfs.storage.base import Entry, Stat, Storage
 from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, ZarrV3, join
-from shardfs.view.readahead import HasExtents, ReadAhead
+from shardfs.view.nodes import (
+    ArrayView,
+    Attr,
+    ChunkRun,
+    GroupView,
+    Listing,
+    Node,
+    NodeView,
+    Role,
+    ShardTable,
+)
+from shardfs.view.readahead import ReadAhead
 
 log = logging.getLogger("shardfs")
 
@@ -73,117 +81,6 @@ log = logging.getLogger("shardfs")
 class View(Enum):
     V3 = "v3"  #: Zarr v3, sharded arrays unsharded
     V2 = "v2"  #: zarr v2, for readers that know only v2
-
-
-class Role(Enum):
-    DIR = auto()  #: a source directory, shown as is
-    FILE = auto()  #: a source file, shown as is
-    GROUP = auto()  #: the directory of a group whose metadata the view rewrites
-    ARRAY = auto()  #: the directory of an array whose chunks the view serves
-    METADATA = auto()  #: a metadata document the view writes (zarr.json, .zarray, ...)
-    CHUNK_DIR = auto()  #: a directory of an array's chunk key space
-    CHUNK = auto()  #: one chunk of the view
-
-
-@dataclass(frozen=True, eq=False)
-class ArrayView:
-    """An array whose chunks the view serves: a sharded one, or any array in the v2 view.
-
-    `layout.keys` names the shards (or plain chunk objects) in the source
-    directory `data`; `names` names the view's chunk files. `docs` are the
-    metadata files shown in the array directory instead of the source's.
-    """
-
-    key: str
-    data: str
-    layout: ShardedLayout
-    metadata: Stat
-    names: ChunkKeyEncoding
-    docs: dict[str, bytes]
-    #: how stored chunks become v2 chunks (v2 view only)
-    v2: V2Array | None
-    #: Per level, the index slot of each view chunk of a shard (see `level_slots`).
-    slots: list[np.ndarray] = field(repr=False)
-
-    @property
-    def cost(self) -> int:
-        docs = sum(len(d) for d in self.docs.values())
-        return docs + sum(s.nbytes for s in self.slots) + 1024
-
-    def served_size(self, stored: int) -> int:
-        """The size of the view chunk whose stored form has `stored` bytes."""
-        if self.v2 is None:
-            return stored
-        size = self.v2.served_size(stored)
-        if size < 0:
-            raise CorruptData(f"a chunk of {self.key} is {stored} bytes, too short for its crc32c")
-        return size
-
-
-@dataclass(frozen=True, eq=False)
-class GroupView:
-    """A group whose metadata the view rewrites (v2 view): `docs` replace its zarr.json."""
-
-    key: str
-    metadata: Stat
-    docs: dict[str, bytes]
-
-    @property
-    def cost(self) -> int:
-        return sum(len(d) for d in self.docs.values()) + 512
-
-
-NodeView = ArrayView | GroupView
-
-
-@dataclass(frozen=True, eq=False)
-class ShardTable(HasExtents):
-    """One shard's decoded index, flattened to the view's chunks.
-
-    `entries` has shape `chunks_per_shard + (2,)` in view (array) axis order,
-    holding absolute (offset, nbytes) in the shard, or EMPTY.
-    """
-
-    stat: Stat
-    entries: np.ndarray
-
-    @property
-    def cost(self) -> int:
-        return 2 * self.entries.nbytes + 256  # with the extents read-ahead may add
-
-
-@dataclass(frozen=True, slots=True)
-class Node:
-    """A path of the view and what it is. `meta` is the array or group the node
-    belongs to; `coords` are chunk coordinates (CHUNK) or the coordinates a
-    chunk directory fixes (CHUNK_DIR)."""
-
-    path: str
-    role: Role
-    meta: NodeView | None = None
-    coords: tuple[int, ...] = ()
-    #: the source key of a FILE node shown at another path (a draft document)
-    source: str | None = None
-
-    @property
-    def is_dir(self) -> bool:
-        return self.role in (Role.DIR, Role.GROUP, Role.ARRAY, Role.CHUNK_DIR)
-
-    @property
-    def array(self) -> ArrayView:
-        assert isinstance(self.meta, ArrayView), self
-        return self.meta
-
-    @property
-    def name(self) -> str:
-        return self.path.rpartition("/")[2]
-
-
-@dataclass(frozen=True, slots=True)
-class Attr:
-    is_dir: bool
-    size: int
-    mtime_ns: int
 
 
 def logged_corruption(message: str) -> CorruptData:
@@ -577,17 +474,21 @@ class Namespace(Resolves):
     def shard_key(self, array: ArrayView, shard: tuple[int, ...]) -> str:
         return join(array.data, array.layout.keys.encode(shard))
 
-    def table(self, array: ArrayView, shard: tuple[int, ...]) -> ShardTable | None:
+    def table(
+        self, array: ArrayView, shard: tuple[int, ...], listed: Stat | None = None
+    ) -> ShardTable | None:
         """The decoded index of a shard, or None if the shard does not exist.
 
-        A plain (unsharded) array's chunk object is its own one-entry table,
-        made from its stat without a read or a cache entry.
+        `listed` is the shard's stat from a listing just taken, which saves asking
+        for it again (unless this process may have written the shard since). A plain (unsharded) array's chunk object is its own one-entry
+        table, made from its stat without a read or a cache entry.
         """
         key = self.shard_key(array, shard)
         if self.guard is not None:
             self.guard(key)
+            listed = None  # it may have been written while we waited
         for _attempt in range(3):
-            stat = self.storage.stat(key)
+            stat, listed = listed or self.storage.stat(key), None
             if stat is None or stat.is_dir:
                 return None
             if not array.layout.levels:
@@ -750,21 +651,26 @@ class Namespace(Resolves):
         return render(consolidated(documents)), mtime_ns
 
     def listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
-        """The entries of a directory node, sorted by name."""
+        """The entries of a directory node with a node each, sorted by name."""
+        return sorted(self.listing(node).items(), key=lambda item: item[0])
+
+    def listing(self, node: Node) -> Listing:
+        """The entries of a directory node; chunk files in bulk (see `Listing`)."""
         if not node.is_dir:
             raise NotADirectory(node.path)
         if node.role is Role.DIR:
-            listing = [
+            entries = [
                 self._source_entry(node.path, e.name, e.stat) for e in self.storage.list(node.path)
             ]
+            runs: list[ChunkRun] = []
         elif node.role is Role.GROUP:
-            listing = self._list_group(self._fresh(node.meta))
+            entries, runs = self._list_group(self._fresh(node.meta)), []
         elif node.role is Role.ARRAY:
-            listing = self._list_array(self._fresh_array(node))
+            entries, runs = self._list_array(self._fresh_array(node))
         else:
-            listing = self._list_chunk_dir(self._fresh_array(node), node.coords)
-        listing.sort(key=lambda item: item[0])
-        return listing
+            entries, runs = self._list_chunk_dir(self._fresh_array(node), node.coords)
+        entries.sort(key=lambda item: item[0])
+        return Listing(entries, runs)
 
     def _source_entry(self, parent: str, name: str, stat: Stat) -> tuple[str, Node, Attr]:
         path = join(parent, name)
@@ -791,7 +697,7 @@ class Namespace(Resolves):
                 listing.append(self._source_entry(group.key, entry.name, entry.stat))
         return listing
 
-    def _list_array(self, array: ArrayView) -> list[tuple[str, Node, Attr]]:
+    def _list_array(self, array: ArrayView) -> tuple[list[tuple[str, Node, Attr]], list[ChunkRun]]:
         layout, names = array.layout, array.names
         listing = self._documents(array)
         entries = self._list_if_dir(array.data)
@@ -811,17 +717,18 @@ class Namespace(Resolves):
             for entry in entries:
                 shard = layout.keys.decode(entry.name, layout.ndim)
                 if shard is not None and not entry.stat.is_dir:
-                    shards.append(shard)
-            return listing + self._chunks_of_shards(array, array.key, shards, ())
+                    shards.append((shard, entry.stat))
+            return listing, self._chunks_of_shards(array, array.key, shards, ())
         top = self._shard_dir(array, ())
         if names.name == "default":  # every chunk lies below "c"
             stat = self.storage.stat(top)
             if stat is not None and stat.is_dir:
                 node = Node(join(array.key, "c"), Role.CHUNK_DIR, array, ())
                 listing.append(("c", node, self._attr_of(stat)))
-            return listing
+            return listing, []
         source = entries if top == array.data else self._list_if_dir(top)
-        return listing + self._chunk_dir_entries(array, (), array.key, source)
+        more, runs = self._chunk_dir_entries(array, (), array.key, source)
+        return listing + more, runs
 
     def _list_if_dir(self, key: str) -> list[Entry]:
         try:
@@ -835,7 +742,7 @@ class Namespace(Resolves):
 
     def _list_chunk_dir(
         self, array: ArrayView, prefix: tuple[int, ...]
-    ) -> list[tuple[str, Node, Attr]]:
+    ) -> tuple[list[tuple[str, Node, Attr]], list[ChunkRun]]:
         path = join(array.key, array.names.dir_path(prefix))
         return self._chunk_dir_entries(
             array, prefix, path, self.storage.list(self._shard_dir(array, prefix))
@@ -843,9 +750,10 @@ class Namespace(Resolves):
 
     def _chunk_dir_entries(
         self, array: ArrayView, prefix: tuple[int, ...], path: str, entries: list[Entry]
-    ) -> list[tuple[str, Node, Attr]]:
+    ) -> tuple[list[tuple[str, Node, Attr]], list[ChunkRun]]:
         """The view entries of the chunk directory `path` fixing `prefix`, given the
-        entries of the source directory holding the matching shards."""
+        entries of the source directory holding the matching shards: its
+        subdirectories, and its chunk files in runs."""
         layout = array.layout
         depth = len(prefix)
         cps, grid = layout.chunks_per_shard, layout.grid
@@ -858,78 +766,46 @@ class Namespace(Resolves):
                 continue
             shard_prefix = (*(i // n for i, n in zip(prefix, cps, strict=False)), index)
             if leaf:
-                shards.append(shard_prefix)
+                shards.append((shard_prefix, entry.stat))
                 continue
             for i in range(index * cps[depth], min((index + 1) * cps[depth], grid[depth])):
                 node = Node(join(path, str(i)), Role.CHUNK_DIR, array, (*prefix, i))
                 listing.append((str(i), node, self._attr_of(entry.stat)))
-        listing += self._chunks_of_shards(array, path, shards, prefix)
-        return listing
+        return listing, self._chunks_of_shards(array, path, shards, prefix)
 
     def _chunks_of_shards(
         self,
         array: ArrayView,
         path: str,
-        shards: list[tuple[int, ...]],
+        shards: list[tuple[tuple[int, ...], Stat]],
         prefix: tuple[int, ...],
-    ) -> list[tuple[str, Node, Attr]]:
-        """The chunk files of `shards` whose coordinates start with `prefix`.
-
-        `path` is the view directory the files are listed in; names are the
-        last component of each chunk's view key.
-        """
+    ) -> list[ChunkRun]:
+        """The chunk files whose coordinates start with `prefix` in `shards` (coordinates
+        and stat as listed), listed in the view directory `path`: one run, made with a
+        few array operations for all shards together."""
         layout = array.layout
-        cps = layout.chunks_per_shard
-        grid = np.asarray(layout.grid)
-        local_prefix = tuple(i % n for i, n in zip(prefix, cps, strict=False))
-        listing: list[tuple[str, Node, Attr]] = []
-        for shard in shards:
-            table = self.table(array, shard)
-            if table is None:
-                continue
-            sizes = table.entries[..., 1][local_prefix]
-            rest = np.argwhere(sizes != EMPTY)
-            nbytes = sizes[tuple(rest.T)]
-            fixed = np.broadcast_to(
-                np.asarray(local_prefix, dtype=np.int64), (len(rest), len(prefix))
-            )
-            coords = np.hstack([fixed, rest]) + np.asarray(shard) * np.asarray(cps)
-            keep = (coords < grid).all(axis=1)
-            mtime = table.stat.mtime_ns
-            for chunk, size in zip(coords[keep].tolist(), nbytes[keep].tolist(), strict=True):
-                name = array.names.encode(chunk).rpartition("/")[2]
-                node = Node(join(path, name), Role.CHUNK, array, tuple(chunk))
-                listing.append((name, node, Attr(False, array.served_size(size), mtime)))
-        return listing
-
-    # -- bulk chunk listings, for walks over the whole view (checksums) ----------------------
-
-    def leaf_chunks(self, node: Node) -> list[tuple[str, ShardTable, np.ndarray, np.ndarray]]:
-        """What `listdir` shows in a chunk directory that fixes every coordinate but the
-        last (it holds only chunk files), in bulk: per shard, (shard key, table, the last
-        coordinate of each chunk file, their (offset, nbytes) in the shard). A walk over
-        every file of the view needs no node per chunk."""
-        array = self._fresh_array(node)
-        layout, prefix = array.layout, node.coords
-        assert node.role is Role.CHUNK_DIR and len(prefix) == layout.ndim - 1, node
-        cps = layout.chunks_per_shard
-        shard_prefix = tuple(i // n for i, n in zip(prefix, cps, strict=False))
-        local = tuple(i % n for i, n in zip(prefix, cps, strict=False))
+        local = tuple(i % n for i, n in zip(prefix, layout.chunks_per_shard, strict=False))
         found = []
-        for entry in self.storage.list(self._shard_dir(array, prefix)):
-            index = layout.keys.component(entry.name, len(prefix))
-            table = None
-            if index is not None and not entry.stat.is_dir:
-                table = self.table(array, (*shard_prefix, index))
-            if table is None:
-                continue
-            extents = table.entries[local]
-            used = np.flatnonzero(extents[:, 1] != EMPTY)
-            last = used + index * cps[-1]
-            keep = last < layout.grid[-1]
-            key = self.shard_key(array, (*shard_prefix, index))
-            found.append((key, table, last[keep], extents[used[keep]]))
-        return found
+        for shard, stat in sorted(shards, key=lambda item: item[0]):
+            table = self.table(array, shard, stat)
+            if table is not None:
+                found.append((shard, table))
+        if not found:
+            return []
+        extents = np.stack([table.entries[local] for _, table in found])
+        hits = np.argwhere(extents[..., 1] != EMPTY)
+        which = hits[:, 0]
+        origins = np.array([shard for shard, _ in found], dtype=np.int64)
+        origins *= np.asarray(layout.chunks_per_shard, dtype=np.int64)
+        fixed = np.broadcast_to(np.asarray(local, dtype=np.int64), (len(hits), len(local)))
+        coords = origins[which] + np.hstack([fixed, hits[:, 1:]])
+        keep = (coords < np.asarray(layout.grid, dtype=np.int64)).all(axis=1)
+        extents = extents[tuple(hits[keep].T)].astype(np.int64)
+        if not len(extents):
+            return []
+        keys = [(self.shard_key(array, shard), table) for shard, table in found]
+        sizes = array.served_sizes(extents[:, 1])
+        return [ChunkRun(array, path, keys, which[keep], coords[keep], extents, sizes)]
 
     # -- data -------------------------------------------------------------------
 

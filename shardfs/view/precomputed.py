@@ -53,6 +53,7 @@ from shardfs.view.namespace import (
     entry_path,
     logged_corruption,
 )
+from shardfs.view.nodes import Listing
 
 log = logging.getLogger("shardfs")
 
@@ -357,6 +358,10 @@ class PrecomputedNamespace(Resolves):
             listing.sort(key=lambda item: item[0])
             return listing
         raise StorageError(f"{self.storage.describe(node.path)} keeps changing while it is listed")
+
+    def listing(self, node: Node) -> Listing:
+        """`listdir` as a `Listing` (a node per chunk: chunks are not numbered by position)."""
+        return Listing(self.listdir(node))
 
     def _listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
         volume = self.volume()

@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
 from shardfs.errors import (
     AlreadyExists,
     CannotMove,
@@ -46,6 +48,7 @@ from shardfs.storage.base import ABSENT
 from shardfs.storage.blocking import WouldBlock, may_block
 from shardfs.view.hierarchy import METADATA, join
 from shardfs.view.namespace import ArrayView, Attr, Namespace, Node, Reader, Role, View
+from shardfs.view.nodes import Listing
 from shardfs.writeback.buffer import WriteBuffer
 from shardfs.writeback.commit import Committer
 from shardfs.writeback.overlay import Buffered, Kind, Overlay, ShardRef, Whiteout
@@ -137,17 +140,26 @@ class Workspace:
             return Attr(True, 0, self._dir_mtime(node.path))
 
     def listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
+        """The entries of a directory with a node each, sorted by name."""
+        return sorted(self.listing(node).items(), key=lambda item: item[0])
+
+    def listing(self, node: Node) -> Listing:
+        """The source's listing with the overlay's files and whiteouts applied."""
         node = self.current(node)
         try:
-            listing = self.ns.listdir(node)
+            listing = self.ns.listing(node)
         except NotFound:
             if not self._virtual(node.path):
                 raise
-            listing = []
+            listing = Listing([])
         names = self.overlay.names(node.path)
         if not names:
             return listing
-        listing = [item for item in listing if item[0] not in names]
+        entries = [item for item in listing.entries if item[0] not in names]
+        runs = [
+            run.keep(np.array([name not in names for name in run.names()], dtype=bool))
+            for run in listing.runs
+        ]
         for name in names:
             path = join(node.path, name)
             entry = self.overlay.entry(path)
@@ -155,11 +167,11 @@ class Workspace:
                 continue
             try:
                 child = self.lookup(node, name)
-                listing.append((name, child, self.attr(child)))
+                entries.append((name, child, self.attr(child)))
             except NotFound:
                 continue  # gone since the names were taken
-        listing.sort(key=lambda item: item[0])
-        return listing
+        entries.sort(key=lambda item: item[0])
+        return Listing(entries, [run for run in runs if len(run)])
 
     def open(self, node: Node, flags: int) -> Reader | Handle:
         """Open for reading from the source, or for writing into the buffer."""
@@ -195,34 +207,39 @@ class Workspace:
             node = self._dir_in(parent, name)
             return node, self.attr(node)
 
-    def rmdir(self, parent: Node, name: str) -> None:
+    def rmdir(self, parent: Node, name: str) -> Node:
+        """Remove an empty directory; returns the node it was."""
         with self._locked():
             node = self.lookup(parent, name)
             if not node.is_dir:
                 raise NotADirectory(node.path)
-            if self.listdir(node):
+            if len(self.listing(node)):
                 raise NotEmpty(node.path)
             if not self.overlay.is_dir(node.path) and node.role is not Role.CHUNK_DIR:
                 raise ReadOnly(f"{node.path}: directories of the source are not removed")
             self.overlay.remove_dir(node.path)
+            return node
 
-    def unlink(self, parent: Node, name: str) -> None:
+    def unlink(self, parent: Node, name: str) -> Node:
+        """Remove a file; returns the node it was."""
         with self._locked():
             node = self.lookup(parent, name)
             if node.is_dir:
                 raise IsADirectory(node.path)
             self._remove(node)
+            return node
 
     def rename(
         self, parent: Node, name: str, new_parent: Node, new_name: str, noreplace: bool
-    ) -> None:
+    ) -> tuple[Node, Node]:
+        """Move a file; returns the nodes it was and is."""
         with self._locked():
             node = self.lookup(parent, name)
             if node.is_dir:
                 raise CannotMove(f"{node.path}: directories cannot be renamed in the view")
             target, kind, shard = self._classify(new_parent, new_name)
             if target.path == node.path:
-                return
+                return node, node
             self._check_target(new_parent, new_name, replace=not noreplace)
             entry = self.overlay.entry(node.path)
             if isinstance(entry, Buffered):
@@ -243,6 +260,7 @@ class Workspace:
                 entry.path, entry.kind, entry.shard = target.path, kind, shard
                 entry.coords, entry.committed = target.coords, -1
                 self.overlay.put(entry)
+            return node, target
 
     def link(self, node: Node, new_parent: Node, new_name: str) -> tuple[Node, Attr]:
         with self._locked():

@@ -1,0 +1,232 @@
+"""What the view is made of: nodes, their attributes, and directory listings.
+
+Plain data, no I/O. A listing holds the chunk files of a directory in bulk
+(`ChunkRun`: arrays of coordinates and sizes per shard), so that listing a
+directory of a million chunks creates no Python object per chunk; callers
+that need a node per entry (`Listing.items`) make them as they go.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum, auto
+
+import numpy as np
+
+from shardfs.errors import CorruptData
+from shardfs.formats.keys import ChunkKeyEncoding
+from shardfs.formats.zarr_v2 import V2Array
+from shardfs.formats.zarr_v3 import ShardedLayout
+from shardfs.storage.base import Stat
+from shardfs.view.hierarchy import join
+from shardfs.view.readahead import HasExtents
+
+
+class Role(Enum):
+    DIR = auto()  #: a source directory, shown as is
+    FILE = auto()  #: a source file, shown as is
+    GROUP = auto()  #: the directory of a group whose metadata the view rewrites
+    ARRAY = auto()  #: the directory of an array whose chunks the view serves
+    METADATA = auto()  #: a metadata document the view writes (zarr.json, .zarray, ...)
+    CHUNK_DIR = auto()  #: a directory of an array's chunk key space
+    CHUNK = auto()  #: one chunk of the view
+
+
+@dataclass(frozen=True, eq=False)
+class ArrayView:
+    """An array whose chunks the view serves: a sharded one, or any array in the v2 view.
+
+    `layout.keys` names the shards (or plain chunk objects) in the source
+    directory `data`; `names` names the view's chunk files. `docs` are the
+    metadata files shown in the array directory instead of the source's.
+    """
+
+    key: str
+    data: str
+    layout: ShardedLayout
+    metadata: Stat
+    names: ChunkKeyEncoding
+    docs: dict[str, bytes]
+    #: how stored chunks become v2 chunks (v2 view only)
+    v2: V2Array | None
+    #: Per level, the index slot of each view chunk of a shard (see `level_slots`).
+    slots: list[np.ndarray] = field(repr=False)
+
+    @property
+    def cost(self) -> int:
+        docs = sum(len(d) for d in self.docs.values())
+        return docs + sum(s.nbytes for s in self.slots) + 1024
+
+    def served_size(self, stored: int) -> int:
+        """The size of the view chunk whose stored form has `stored` bytes."""
+        if self.v2 is None:
+            return stored
+        size = self.v2.served_size(stored)
+        if size < 0:
+            raise CorruptData(f"a chunk of {self.key} is {stored} bytes, too short for its crc32c")
+        return size
+
+    def served_sizes(self, stored: np.ndarray) -> np.ndarray:
+        """`served_size` of many chunks at once."""
+        if self.v2 is None:
+            return stored
+        return np.array([self.served_size(n) for n in stored.tolist()], dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class GroupView:
+    """A group whose metadata the view rewrites (v2 view): `docs` replace its zarr.json."""
+
+    key: str
+    metadata: Stat
+    docs: dict[str, bytes]
+
+    @property
+    def cost(self) -> int:
+        return sum(len(d) for d in self.docs.values()) + 512
+
+
+NodeView = ArrayView | GroupView
+
+
+@dataclass(frozen=True, eq=False)
+class ShardTable(HasExtents):
+    """One shard's decoded index, flattened to the view's chunks.
+
+    `entries` has shape `chunks_per_shard + (2,)` in view (array) axis order,
+    holding absolute (offset, nbytes) in the shard, or EMPTY.
+    """
+
+    stat: Stat
+    entries: np.ndarray
+
+    @property
+    def cost(self) -> int:
+        return 2 * self.entries.nbytes + 256  # with the extents read-ahead may add
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A path of the view and what it is. `meta` is the array or group the node
+    belongs to; `coords` are chunk coordinates (CHUNK) or the coordinates a
+    chunk directory fixes (CHUNK_DIR)."""
+
+    path: str
+    role: Role
+    meta: NodeView | None = None
+    coords: tuple[int, ...] = ()
+    #: the source key of a FILE node shown at another path (a draft document)
+    source: str | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return self.role in (Role.DIR, Role.GROUP, Role.ARRAY, Role.CHUNK_DIR)
+
+    @property
+    def array(self) -> ArrayView:
+        assert isinstance(self.meta, ArrayView), self
+        return self.meta
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition("/")[2]
+
+
+@dataclass(frozen=True, slots=True)
+class Attr:
+    is_dir: bool
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkRun:
+    """The chunk files of one directory that an array's shards hold, as arrays.
+
+    Row i is a chunk at grid coordinates `coords[i]`, stored at `extents[i]`
+    (offset, nbytes) in shard `shards[shard[i]]` (its key and its table),
+    shown as a file of `sizes[i]` bytes. Rows are in grid order.
+    """
+
+    array: ArrayView
+    directory: str
+    shards: list[tuple[str, ShardTable]]
+    shard: np.ndarray
+    coords: np.ndarray
+    extents: np.ndarray
+    sizes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    @functools.cached_property
+    def _shard_mtimes(self) -> list[int]:
+        return [table.stat.mtime_ns for _, table in self.shards]
+
+    def mtimes(self, start: int, stop: int) -> list[int]:
+        """The mtimes of chunks [start, stop): their shards'."""
+        mtimes = self._shard_mtimes
+        return [mtimes[i] for i in self.shard[start:stop].tolist()]
+
+    def names(self, start: int = 0, stop: int | None = None) -> list[str]:
+        """The file names of chunks [start, stop): the last component of each view key."""
+        rows = self.coords[start:stop].tolist()
+        names = self.array.names
+        if names.nested and self.array.layout.ndim:
+            return [str(row[-1]) for row in rows]
+        return [names.encode(row).rpartition("/")[2] for row in rows]
+
+    def node(self, i: int, name: str) -> Node:
+        coords = tuple(self.coords[i].tolist())
+        return Node(join(self.directory, name), Role.CHUNK, self.array, coords)
+
+    def keep(self, mask: np.ndarray) -> ChunkRun:
+        """The run without the chunks where `mask` is False."""
+        return replace(
+            self,
+            shard=self.shard[mask],
+            coords=self.coords[mask],
+            extents=self.extents[mask],
+            sizes=self.sizes[mask],
+        )
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A directory's entries: `entries` with their nodes, then the chunk files of `runs`.
+
+    Positions (0, 1, ...) are stable for the life of the listing, which is
+    what a reader paging through it with offsets needs.
+    """
+
+    entries: list[tuple[str, Node, Attr]]
+    runs: Sequence[ChunkRun] = ()
+    #: position of each run's first chunk
+    starts: list[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        lengths = itertools.accumulate((len(run) for run in self.runs), initial=len(self.entries))
+        object.__setattr__(self, "starts", list(lengths))
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def chunks(self, start: int) -> Iterator[tuple[int, ChunkRun, int]]:
+        """(position, run, row) of the run holding each stretch of chunks from `start` on."""
+        first = max(0, bisect.bisect_right(self.starts, start) - 1)
+        for i in range(first, len(self.runs)):
+            row = max(0, start - self.starts[i])
+            if row < len(self.runs[i]):
+                yield self.starts[i] + row, self.runs[i], row
+
+    def items(self) -> Iterator[tuple[str, Node, Attr]]:
+        """Every entry with a node (one object per chunk: for small directories and tests)."""
+        yield from self.entries
+        for run in self.runs:
+            details = zip(run.names(), run.sizes.tolist(), run.mtimes(0, len(run)), strict=True)
+            for i, (name, size, mtime_ns) in enumerate(details):
+                yield name, run.node(i, name), Attr(False, size, mtime_ns)
