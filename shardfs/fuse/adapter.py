@@ -215,7 +215,10 @@ class Operations(pyfuse3.Operations):
     def _keep_budget(self) -> None:
         """Ask the kernel to forget the oldest inodes beyond the table's budget (its
         forgets shrink the table). Asynchronous: never wait on the kernel in a handler."""
-        for parent, name in self.inodes.over_budget():
+        names = self.inodes.over_budget()
+        if names:
+            log.debug("asking the kernel to forget %d of %d inodes", len(names), len(self.inodes))
+        for parent, name in names:
             pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
 
     def _lookup_sync(self, parent: Node, name: str) -> tuple[Node, Attr]:
