@@ -130,3 +130,18 @@ def test_the_budget_names_the_oldest_entries_once(ns: Namespace) -> None:
     # table ("a/c" has none here) are named for the kernel to forget.
     assert table.over_budget() == [(parent, str(i)) for i in range(5)]
     assert table.over_budget() == []  # not asked twice while the kernel has not forgotten
+
+
+def test_listings_are_cached_under_the_versions_of_their_shards(tmp_path: Path) -> None:
+    group = zarr.open_group(tmp_path / "src", mode="w")
+    a = group.create_array("a", shape=(16, 32), chunks=(8, 8), shards=(16, 16), dtype="uint8")
+    a[:] = 1
+    ns = Namespace(LocalStorage(tmp_path / "src"))
+    first = ns.listing(ns.resolve("a/c/0")).runs[0]
+    assert ns.listing(ns.resolve("a/c/0")).runs[0] is first  # nothing made again
+    a[0:8, 16:24] = np.random.default_rng(0).integers(1, 255, (8, 8))  # rewrites one shard
+    again = ns.listing(ns.resolve("a/c/0")).runs[0]
+    assert again is not first
+    sizes = dict(zip(again.names(), again.sizes.tolist(), strict=True))
+    assert sizes["2"] == ns.attr(ns.resolve("a/c/0/2")).size
+    assert sizes["2"] != dict(zip(first.names(), first.sizes.tolist(), strict=True))["2"]

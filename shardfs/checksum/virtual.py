@@ -30,7 +30,8 @@ from shardfs.checksum.tree import ChecksumTree
 from shardfs.errors import CorruptData, SourceChanged
 from shardfs.formats.zarr_v2 import Transform
 from shardfs.maintenance.progress import Progress
-from shardfs.view.namespace import ArrayView, Namespace, Node, ShardTable
+from shardfs.storage.base import Stat
+from shardfs.view.namespace import ArrayView, Namespace, Node
 
 #: Bytes between two chunks of a shard read over rather than starting a new read (at least).
 GAP = 256 << 10
@@ -97,18 +98,18 @@ class _Files:
                 self.paths += [base + name for name in run.names()]
                 self.sizes += run.sizes.tolist()
                 indexes = np.arange(first, len(self.paths))
-                for i, (key, table) in enumerate(run.shards):
+                for i, (key, stat) in enumerate(run.shards):
                     mine = run.shard == i
-                    self._add(self._shard(run.array, key, table), run.extents[mine], indexes[mine])
+                    self._add(self._shard(run.array, key, stat), run.extents[mine], indexes[mine])
 
-    def _shard(self, array: ArrayView, key: str, table: ShardTable) -> _Shard:
+    def _shard(self, array: ArrayView, key: str, stat: Stat) -> _Shard:
         """The shard's record, made on first sight; its chunks must come from one version."""
         shard = self.shards.get(key)
         if shard is None:
             v2 = array.v2
             serve = None if v2 is None or v2.transform is Transform.RAW else v2.serve
-            shard = self.shards[key] = _Shard(key, table.stat.version, serve)
-        elif shard.version != table.stat.version:
+            shard = self.shards[key] = _Shard(key, stat.version, serve)
+        elif shard.version != stat.version:
             raise SourceChanged(f"{self.ns.storage.describe(key)} changed during the checksum")
         return shard
 

@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
         help=(
             "ro, rw, allow_other, debug, index_cache=SIZE, view=v3|v2, log=FILE, "
             "write_buffer=SIZE, flush_interval=SECONDS, spool=DIR, shard_new=N, "
-            "read_cache=SIZE, inodes=N; the generic "
+            "read_cache=SIZE, listing_cache=SIZE, inodes=N; the generic "
             "options of mount(8) and fstab are accepted too"
         ),
     )
@@ -309,6 +309,7 @@ def _view(
         hierarchy=source,
         serve_plain=not options.read_only,
         read_cache=options.read_cache,
+        listing_cache=options.listing_cache,
     )
     if options.read_only:
         unfinished = storage.pending_recovery()

@@ -63,6 +63,7 @@ class MountOptions:
     #: S3 sources: keyword arguments of `shardfs.storage.s3.S3Config`
     s3: dict[str, Any] = field(default_factory=dict)
     read_cache: int = 64 << 20
+    listing_cache: int = 64 << 20
     #: inodes of directories and other files (not chunks) the daemon keeps for the kernel
     inodes: int = 100_000
     #: kernel mount flags (KERNEL_FLAGS), the last given of each pair (`exec`/`noexec`, ...)
@@ -166,6 +167,8 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.flags[_flag_pair(name)] = name
             elif name == "read_cache":
                 options.read_cache = parse_size(value)
+            elif name == "listing_cache":
+                options.listing_cache = parse_size(value)
             elif name == "inodes":
                 options.inodes = int(_positive(name, value, int))
             elif name == "spool" and value:

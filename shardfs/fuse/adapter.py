@@ -15,11 +15,10 @@ import itertools
 import logging
 import os
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
-import numpy as np
 import pyfuse3
 import trio
 
@@ -60,37 +59,66 @@ _ERRNO: list[tuple[type[ShardfsError], int]] = [
 ]
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
-#: Chunks of a listing named and numbered at a time (a readdirplus reply holds fewer).
-READDIR_BATCH = 256
+#: Chunks of a listing made ready for replies at a time (a readdirplus reply holds fewer).
+WINDOW = 4096
 #: The extended attribute holding a chunk file's md5 (hex), for checksum tools.
 MD5_XATTR = b"user.md5"
+
+
+@dataclass
+class _Window:
+    """Rows [start, stop) of a run of chunk files, made ready for readdirplus replies: a
+    listing is read over many requests, and preparing rows a window at a time keeps the
+    per-row work in one bare loop."""
+
+    run: ChunkRun
+    start: int
+    stop: int
+    names: list[bytes]
+    #: derived inode numbers, or None if the table must count these (see InodeTable)
+    inos: list[int] | None
+    sizes: list[int]
+    blocks: list[int]
+    mtimes: list[int]
+
+    @classmethod
+    def of(cls, run: ChunkRun, row: int, inodes: InodeTable) -> _Window:
+        stop = min(row + WINDOW, len(run))
+        sizes = run.sizes[row:stop]
+        return cls(
+            run,
+            row,
+            stop,
+            [name.encode() for name in run.names(row, stop)],
+            inodes.run_inodes(run, row, stop),
+            sizes.tolist(),
+            ((sizes + 511) // 512).tolist(),
+            run.mtimes(row, stop),
+        )
 
 
 def _send(
     token: pyfuse3.ReaddirToken,
     entry: pyfuse3.EntryAttributes,
     position: int,
-    names: list[str],
-    inos: list[int],
-    sizes: np.ndarray,
-    mtimes: list[int],
+    rows: Iterable[tuple[bytes, int, int, int, int]],
 ) -> int:
-    """Add chunk files to a readdirplus reply, `entry` giving what they share; how many
-    fit. The loop a listing of a million files spends its time in: keep it bare."""
+    """Add chunk files (name, inode, size, blocks, mtime) to a readdirplus reply, `entry`
+    holding what they share; how many fit. A listing of a million files spends its
+    time in this loop: keep it bare."""
     reply = pyfuse3.readdir_reply
-    blocks = ((sizes + 511) // 512).tolist()
     last = -1
-    for i, (name, ino, size, nblocks, mtime) in enumerate(
-        zip(names, inos, sizes.tolist(), blocks, mtimes, strict=True)
-    ):
+    sent = 0
+    for name, ino, size, nblocks, mtime in rows:
         entry.st_ino = ino
         entry.st_size = size
         entry.st_blocks = nblocks
         if mtime != last:
             entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = last = mtime
-        if not reply(token, name.encode(), entry, position + i + 1):
-            return i
-    return len(names)
+        if not reply(token, name, entry, position + sent + 1):
+            break
+        sent += 1
+    return sent
 
 
 def errno_for(error: ShardfsError) -> int:
@@ -161,6 +189,7 @@ class Operations(pyfuse3.Operations):
         self._limiter = trio.CapacityLimiter(config.workers)
         self._handles: dict[int, Reader | Handle] = {}
         self._listings: dict[int, Listing] = {}
+        self._windows: dict[int, _Window] = {}
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
 
@@ -273,36 +302,49 @@ class Operations(pyfuse3.Operations):
                 return
             self.inodes.ref(ino)
         for position, run, row in listing.chunks(start_id):
-            if not self._reply_chunks(token, run, row, position):
+            if not self._reply_chunks(fh, token, run, row, position):
                 break
         self._keep_budget()
 
     def _reply_chunks(
-        self, token: pyfuse3.ReaddirToken, run: ChunkRun, row: int, position: int
+        self, fh: int, token: pyfuse3.ReaddirToken, run: ChunkRun, row: int, position: int
     ) -> bool:
-        """Reply with the chunks of `run` from `row` on (at `position`), a batch at a time;
-        whether all of them fit. Their inode numbers are derived from their positions
-        unless the table must count them (see `InodeTable`)."""
+        """Reply with the chunks of `run` from `row` on (at `position`); whether all of
+        them fit. Their inode numbers are derived from their positions unless the table
+        must count them (see `InodeTable`)."""
         entry = self._entry(0, Attr(False, 0, 0))
         while row < len(run):
-            stop = min(row + READDIR_BATCH, len(run))
-            names = run.names(row, stop)
-            inos = self.inodes.run_inodes(run, row, stop)
-            counted = inos is None
-            if inos is None:
-                inos = [self.inodes.assign(run.node(row + i, n)) for i, n in enumerate(names)]
-            details = (names, inos, run.sizes[row:stop], run.mtimes(row, stop))
-            sent = _send(token, entry, position, *details)
-            if counted:
-                for i, ino in enumerate(inos):
-                    (self.inodes.ref if i < sent else self.inodes.drop_unreferenced)(ino)
-            if sent < stop - row:
+            window = self._windows.get(fh)
+            if window is None or window.run is not run or not window.start <= row < window.stop:
+                window = self._windows[fh] = _Window.of(run, row, self.inodes)
+            i = row - window.start
+            stop = min(window.stop - window.start, i + 1024)
+            if window.inos is None:  # counted: entries, referenced once sent
+                first = window.start + i
+                nodes = [run.node(k, n.decode()) for k, n in enumerate(window.names[i:stop], first)]
+                inos = [self.inodes.assign(node) for node in nodes]
+            else:
+                inos = window.inos[i:stop]
+            rows = zip(
+                window.names[i:stop],
+                inos,
+                window.sizes[i:stop],
+                window.blocks[i:stop],
+                window.mtimes[i:stop],
+                strict=True,
+            )
+            sent = _send(token, entry, position, rows)
+            if window.inos is None:
+                for k, ino in enumerate(inos):
+                    (self.inodes.ref if k < sent else self.inodes.drop_unreferenced)(ino)
+            row, position = row + sent, position + sent
+            if sent < stop - i:
                 return False
-            row, position = stop, position + sent
         return True
 
     async def releasedir(self, fh: int) -> None:
         self._listings.pop(fh, None)
+        self._windows.pop(fh, None)
 
     @_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:

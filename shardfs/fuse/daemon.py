@@ -9,6 +9,7 @@ Under systemd it reports readiness and shutdown through sd_notify.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -108,6 +109,9 @@ def serve(
 
     outcome = "the daemon failed"
     try:
+        # What was made to start up lives as long as the daemon: keep the cyclic garbage
+        # collector from walking it again and again while listings allocate.
+        gc.freeze()
         trio.run(main)
         outcome = ""
     finally:

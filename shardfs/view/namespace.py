@@ -255,6 +255,7 @@ class Namespace(Resolves):
         hierarchy: Hierarchy | None = None,
         serve_plain: bool = False,
         read_cache: int = 64 << 20,
+        listing_cache: int = 64 << 20,
     ) -> None:
         self.storage = storage
         self.view = view
@@ -270,6 +271,10 @@ class Namespace(Resolves):
         )
         #: Chunks fetched ahead of their reads (only on stores with costly requests).
         self.read_ahead = ReadAhead(storage, read_cache)
+        #: The chunk runs of directory listings (see `_chunks_of_shards`).
+        self.listings: LruCache[list[ChunkRun]] = LruCache(
+            listing_cache, lambda runs: sum(run.cost for run in runs) + 256
+        )
         self.nodes: LruCache[NodeView | None] = LruCache(
             metadata_cache, lambda n: n.cost if n is not None else 256
         )
@@ -781,8 +786,22 @@ class Namespace(Resolves):
         prefix: tuple[int, ...],
     ) -> list[ChunkRun]:
         """The chunk files whose coordinates start with `prefix` in `shards` (coordinates
-        and stat as listed), listed in the view directory `path`: one run, made with a
-        few array operations for all shards together."""
+        and stat as listed), listed in the view directory `path`. Kept in the listing
+        cache under the versions of the metadata and of every shard it is made from."""
+        versions = tuple((shard, stat.version) for shard, stat in shards)
+        return self.listings.get(
+            (path, array.metadata.version, versions),
+            lambda: self._make_runs(array, path, shards, prefix),
+        )
+
+    def _make_runs(
+        self,
+        array: ArrayView,
+        path: str,
+        shards: list[tuple[tuple[int, ...], Stat]],
+        prefix: tuple[int, ...],
+    ) -> list[ChunkRun]:
+        """One run for all of `shards`, made with a few array operations."""
         layout = array.layout
         local = tuple(i % n for i, n in zip(prefix, layout.chunks_per_shard, strict=False))
         found = []
@@ -794,7 +813,7 @@ class Namespace(Resolves):
             return []
         extents = np.stack([table.entries[local] for _, table in found])
         hits = np.argwhere(extents[..., 1] != EMPTY)
-        which = hits[:, 0]
+        which = hits[:, 0].astype(np.int32)
         origins = np.array([shard for shard, _ in found], dtype=np.int64)
         origins *= np.asarray(layout.chunks_per_shard, dtype=np.int64)
         fixed = np.broadcast_to(np.asarray(local, dtype=np.int64), (len(hits), len(local)))
@@ -803,7 +822,7 @@ class Namespace(Resolves):
         extents = extents[tuple(hits[keep].T)].astype(np.int64)
         if not len(extents):
             return []
-        keys = [(self.shard_key(array, shard), table) for shard, table in found]
+        keys = [(self.shard_key(array, shard), table.stat) for shard, table in found]
         sizes = array.served_sizes(extents[:, 1])
         return [ChunkRun(array, path, keys, which[keep], coords[keep], extents, sizes)]
 

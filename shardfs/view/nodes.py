@@ -148,13 +148,14 @@ class ChunkRun:
     """The chunk files of one directory that an array's shards hold, as arrays.
 
     Row i is a chunk at grid coordinates `coords[i]`, stored at `extents[i]`
-    (offset, nbytes) in shard `shards[shard[i]]` (its key and its table),
-    shown as a file of `sizes[i]` bytes. Rows are in grid order.
+    (offset, nbytes) in shard `shards[shard[i]]` (its key, and its stat when
+    its index was read), shown as a file of `sizes[i]` bytes. Rows are in grid
+    order.
     """
 
     array: ArrayView
     directory: str
-    shards: list[tuple[str, ShardTable]]
+    shards: list[tuple[str, Stat]]
     shard: np.ndarray
     coords: np.ndarray
     extents: np.ndarray
@@ -163,9 +164,15 @@ class ChunkRun:
     def __len__(self) -> int:
         return len(self.sizes)
 
+    @property
+    def cost(self) -> int:
+        """Bytes held (`sizes` may be a view of `extents`)."""
+        arrays = (self.shard, self.coords, self.extents, self.sizes)
+        return sum(a.nbytes for a in arrays) + 100 * len(self.shards) + 256
+
     @functools.cached_property
     def _shard_mtimes(self) -> list[int]:
-        return [table.stat.mtime_ns for _, table in self.shards]
+        return [stat.mtime_ns for _, stat in self.shards]
 
     def mtimes(self, start: int, stop: int) -> list[int]:
         """The mtimes of chunks [start, stop): their shards'."""
@@ -174,10 +181,13 @@ class ChunkRun:
 
     def names(self, start: int = 0, stop: int | None = None) -> list[str]:
         """The file names of chunks [start, stop): the last component of each view key."""
-        rows = self.coords[start:stop].tolist()
         names = self.array.names
-        if names.nested and self.array.layout.ndim:
-            return [str(row[-1]) for row in rows]
+        if not self.array.layout.ndim:
+            return [names.encode(())] * len(self.coords[start:stop])
+        if names.nested:
+            return list(map(str, self.coords[start:stop, -1].tolist()))
+        # Columns, not rows: a list per row would be a million objects for the collector.
+        rows = zip(*(column.tolist() for column in self.coords[start:stop].T), strict=True)
         return [names.encode(row).rpartition("/")[2] for row in rows]
 
     def node(self, i: int, name: str) -> Node:
