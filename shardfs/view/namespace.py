@@ -789,19 +789,14 @@ class Namespace(Resolves):
         and stat as listed), listed in the view directory `path`. Kept in the listing
         cache under the versions of the metadata and of every shard it is made from."""
         versions = tuple((shard, stat.version) for shard, stat in shards)
-        return self.listings.get(
-            (path, array.metadata.version, versions),
-            lambda: self._make_runs(array, path, shards, prefix),
-        )
+        key = (path, array.metadata.version, versions)
+        return self.listings.get(key, lambda: self._make_runs(array, path, shards, prefix))
 
     def _make_runs(
-        self,
-        array: ArrayView,
-        path: str,
-        shards: list[tuple[tuple[int, ...], Stat]],
-        prefix: tuple[int, ...],
+        self, array: ArrayView, path: str, shards: list, prefix: tuple
     ) -> list[ChunkRun]:
-        """One run for all of `shards`, made with a few array operations."""
+        """One run for all of `shards` (see `_chunks_of_shards`), made with a few array
+        operations."""
         layout = array.layout
         local = tuple(i % n for i, n in zip(prefix, layout.chunks_per_shard, strict=False))
         found = []
