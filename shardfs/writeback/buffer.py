@@ -38,13 +38,24 @@ class Blob:
 
     def read(self, offset: int, size: int) -> bytes:
         with self.lock:
-            size = max(0, min(size, self.size - offset))
-            if self._memory is not None:
-                return bytes(self._memory[offset : offset + size])
-            return self._pool._spool_read(self._spool, offset, size)
+            return self._read(offset, size)
+
+    def _read(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self.size - offset))
+        if self._memory is not None:
+            return bytes(self._memory[offset : offset + size])
+        return self._pool._spool_read(self._spool, offset, size)
 
     def getvalue(self) -> bytes:
         return self.read(0, self.size)
+
+    def snapshot(self) -> tuple[int, bytes] | None:
+        """(generation, content) taken together, or None once the blob is released: a
+        commit may meet a file that was removed or replaced since it listed the changes."""
+        with self.lock:
+            if self._memory is None and self._spool is None:
+                return None
+            return self.generation, self._read(0, self.size)
 
     def write(self, offset: int, data: bytes) -> None:
         with self.lock:

@@ -119,9 +119,7 @@ class Committer:
                 self._backoff.pop(ref, None)
             except (StorageError, InvalidWrite, ReadOnly, CorruptData) as e:
                 failed += 1
-                delay = min(60.0, self._backoff.get(ref, 0.5) * 2)
-                self._backoff[ref] = delay
-                self._retry_at[ref] = time.monotonic() + delay
+                delay = self._back_off(ref)
                 if not e.logged:
                     log.error(
                         "commit of %s failed (next try in %.0f s): %s",
@@ -129,7 +127,25 @@ class Committer:
                         delay,
                         e,
                     )
+            except Exception:
+                # A bug must not end the commit loop (and with it the daemon, losing every
+                # buffered chunk): it fails this shard like any other error, with its traceback.
+                failed += 1
+                delay = self._back_off(ref)
+                log.exception(
+                    "commit of shard %s of %s failed unexpectedly (next try in %.0f s)",
+                    ref[1],
+                    ref[0],
+                    delay,
+                )
         return failed
+
+    def _back_off(self, ref: ShardRef) -> float:
+        """Put off the next commit of `ref` (doubling each time, up to a minute)."""
+        delay = min(60.0, self._backoff.get(ref, 0.5) * 2)
+        self._backoff[ref] = delay
+        self._retry_at[ref] = time.monotonic() + delay
+        return delay
 
     def _describe(self, ref: ShardRef) -> str:
         array = self.ns.array_at(ref[0])
@@ -152,11 +168,10 @@ class Committer:
             if not isinstance(entry, Buffered):
                 done[coords], data[slot] = (entry, 0), None
                 continue
-            with entry.blob.lock:
-                generation = entry.blob.generation
-            content = entry.blob.getvalue()
-            if entry.blob.generation != generation:
-                continue  # being written right now: the next commit takes it
+            taken = entry.blob.snapshot()
+            if taken is None:
+                continue  # removed or replaced since the changes were listed: nothing to store
+            generation, content = taken
             if array.v2 is not None:
                 try:
                     content = array.v2.store(content)

@@ -178,17 +178,21 @@ class Overlay:
         """The shard now holds `done` (coords -> entry and the generation stored).
 
         Entries changed since their snapshot stay dirty; clean ones leave the
-        overlay unless a handle still has them open.
+        overlay unless a handle still has them open. Entries that are no longer
+        the change of these coordinates (removed, replaced, or renamed elsewhere
+        while the commit wrote) are left alone: what now stands there is still
+        pending, and a renamed entry is still to be stored at its new place.
         """
         with self.lock:
             dirty = self._dirty.get(shard)
             for coords, (entry, generation) in done.items():
+                if dirty is None or dirty.chunks.get(coords) is not entry:
+                    continue
                 if isinstance(entry, Buffered):
                     entry.committed = generation
                     if entry.dirty:
                         continue
-                if dirty is not None and dirty.chunks.get(coords) is entry:
-                    del dirty.chunks[coords]
+                del dirty.chunks[coords]
                 if self._entries.get(entry.path) is entry and (
                     isinstance(entry, Whiteout) or entry.handles == 0
                 ):

@@ -182,21 +182,33 @@ class Workspace:
         if entry is None and not writing:
             return self.ns.open(self._fresh_leaf(node))
         with self._locked():
+            # Again, pinned: a commit or a last close may have taken the entry out meanwhile.
+            entry = self._pin(node.path)
+            if isinstance(entry, Whiteout):
+                raise NotFound(node.path)
             if entry is None:
-                entry = self._copy_up(self._fresh_leaf(node), keep=not flags & os.O_TRUNC)
+                if not writing:
+                    return self.ns.open(self._fresh_leaf(node))
+                keep = not flags & os.O_TRUNC
+                entry = self._copy_up(self._fresh_leaf(node), keep=keep, handles=1)
             elif flags & os.O_TRUNC:
-                entry.blob.truncate(0)
+                try:
+                    entry.blob.truncate(0)
+                except BaseException:
+                    self._unpin(entry)
+                    raise
                 self.overlay.mark(entry)
-            return self._handle(entry)
+            return Handle(entry)  # the pin is the handle's
 
     # -- changing the namespace -----------------------------------------------------------
 
     def create(self, parent: Node, name: str) -> tuple[Node, Attr, Handle]:
         with self._locked():
             node, kind, shard = self._classify(parent, name)
-            entry = Buffered(node.path, self.buffer.new(), kind, shard, node.coords)
+            # Placed with its handle, so that no commit can take it out before it is written.
+            entry = Buffered(node.path, self.buffer.new(), kind, shard, node.coords, handles=1)
             self.overlay.put(entry)
-            return node, self.attr(node), self._handle(entry)
+            return node, self.attr(node), Handle(entry)
 
     def mkdir(self, parent: Node, name: str) -> tuple[Node, Attr]:
         with self._locked():
@@ -241,25 +253,34 @@ class Workspace:
             if target.path == node.path:
                 return node, node
             self._check_target(new_parent, new_name, replace=not noreplace)
-            entry = self.overlay.entry(node.path)
-            if isinstance(entry, Buffered):
-                self._check_removable(node, entry)
-                content = entry.blob.getvalue() if kind is Kind.METADATA else None
-            else:
-                self._check_removable(node, None)
-                entry = self._copy_up(node, keep=True, track=False)
-                content = entry.blob.getvalue()
-            if kind is Kind.METADATA:
-                assert content is not None
-                self._store_metadata(target, content)
-            elif kind is Kind.CHUNK:
-                self._check_chunk(target.array, target.path, entry.blob.size)
-            moving = kind is not Kind.METADATA
-            self._detach(node, release=not moving)
-            if moving:
-                entry.path, entry.kind, entry.shard = target.path, kind, shard
-                entry.coords, entry.committed = target.coords, -1
-                self.overlay.put(entry)
+            pinned = self._pin(node.path)
+            try:
+                if isinstance(pinned, Buffered):
+                    entry = pinned
+                    self._check_removable(node, entry)
+                    content = entry.blob.getvalue() if kind is Kind.METADATA else None
+                else:
+                    self._check_removable(node, None)
+                    entry = self._copy_up(node, keep=True, track=False)
+                    content = entry.blob.getvalue()
+                if kind is Kind.METADATA:
+                    assert content is not None
+                    self._store_metadata(target, content)
+                elif kind is Kind.CHUNK:
+                    self._check_chunk(target.array, target.path, entry.blob.size)
+                moving = kind is not Kind.METADATA
+                self._detach(node, release=not moving)
+                if moving:
+                    entry.path, entry.kind, entry.shard = target.path, kind, shard
+                    entry.coords, entry.committed = target.coords, -1
+                    replaced = self.overlay.put(entry)
+                    if isinstance(replaced, Buffered) and replaced.handles == 0:
+                        replaced.blob.release()  # a file renamed over, open nowhere
+                elif entry is not pinned:
+                    entry.blob.release()  # the copy stored as metadata
+            finally:
+                if isinstance(pinned, Buffered):
+                    self._unpin(pinned)
             return node, target
 
     def link(self, node: Node, new_parent: Node, new_name: str) -> tuple[Node, Attr]:
@@ -268,8 +289,15 @@ class Workspace:
                 raise IsADirectory(node.path)
             target, kind, shard = self._classify(new_parent, new_name)
             self._check_target(new_parent, new_name, replace=False)
-            entry = self.overlay.entry(node.path)
-            source = entry.blob.getvalue() if isinstance(entry, Buffered) else self._content(node)
+            entry = self._pin(node.path)
+            try:
+                if isinstance(entry, Buffered):
+                    source = entry.blob.getvalue()
+                else:
+                    source = self._content(node)
+            finally:
+                if isinstance(entry, Buffered):
+                    self._unpin(entry)
             if kind is Kind.METADATA:
                 self._store_metadata(target, source)  # I/O: never in a non-blocking attempt
                 target = self.lookup(new_parent, new_name)
@@ -282,13 +310,16 @@ class Workspace:
 
     def truncate(self, node: Node, size: int) -> Attr:
         with self._locked():
-            entry = self.overlay.entry(node.path)
+            entry = self._pin(node.path)
             if isinstance(entry, Whiteout):
                 raise NotFound(node.path)
             if entry is None:
-                entry = self._copy_up(self._fresh_leaf(node), keep=size > 0)
-            entry.blob.truncate(size)
-            self.overlay.mark(entry)
+                entry = self._copy_up(self._fresh_leaf(node), keep=size > 0, handles=1)
+            try:
+                entry.blob.truncate(size)
+                self.overlay.mark(entry)
+            finally:
+                self._unpin(entry)
             return self.attr(node)
 
     # -- open files ---------------------------------------------------------------------
@@ -314,14 +345,30 @@ class Workspace:
                 self._check_chunk(array, entry.path, entry.blob.size)
 
     def release(self, handle: Handle) -> None:
-        entry = handle.entry
+        self._unpin(handle.entry, closing=True)
+
+    def _pin(self, path: str) -> Buffered | Whiteout | None:
+        """The overlay's entry at `path`; a buffered one with one handle more, taken in the
+        same step, so that neither a commit nor the last close of another handle frees it
+        while a change works on it. Every pin is undone by `_unpin` (or kept by a handle)."""
+        with self.overlay.lock:
+            entry = self.overlay.entry(path)
+            if isinstance(entry, Buffered):
+                entry.handles += 1
+            return entry
+
+    def _unpin(self, entry: Buffered, closing: bool = False) -> None:
+        """One handle fewer. After the last one, a clean chunk (and, `closing` a file, a
+        metadata document) leaves the overlay: the source holds it. An entry no longer in
+        the overlay is freed."""
         with self.overlay.lock:
             entry.handles -= 1
             if entry.handles:
                 return
             tracked = self.overlay.entry(entry.path) is entry
             if tracked and (
-                entry.kind is Kind.METADATA or (entry.kind is Kind.CHUNK and not entry.dirty)
+                (closing and entry.kind is Kind.METADATA)
+                or (entry.kind is Kind.CHUNK and not entry.dirty)
             ):
                 self.overlay.remove(entry.path)
                 tracked = False
@@ -341,11 +388,6 @@ class Workspace:
         return self.committer.commit_all(include_open=True)
 
     # -- helpers ------------------------------------------------------------------------
-
-    def _handle(self, entry: Buffered) -> Handle:
-        with self.overlay.lock:
-            entry.handles += 1
-        return Handle(entry)
 
     def _virtual(self, path: str) -> bool:
         return self.overlay.is_dir(path) or self.overlay.has_children(path)
@@ -398,7 +440,10 @@ class Workspace:
             if parent.role is Role.ARRAY and name in array.docs:
                 return Node(path, Role.METADATA, array), Kind.METADATA, None
             node = self.ns.key_node(self.ns.refresh(parent), name)
-            if node is not None and node.role is Role.CHUNK:
+            # A key outside the chunk grid names no chunk: committed, it would land where
+            # the view never shows it (a shard or chunk object past the grid, a slot past
+            # the edge of a partial shard). Like any name that is not a key, it is scratch.
+            if node is not None and node.role is Role.CHUNK and array.layout.in_bounds(node.coords):
                 shard, _ = array.layout.shard_of(node.coords)
                 return node, Kind.CHUNK, (array.key, shard)
             return Node(path, Role.FILE), Kind.SCRATCH, None
@@ -417,11 +462,11 @@ class Workspace:
             raise ReadOnly(f"{node.path}: only chunks and metadata of the source can be changed")
         return kind, shard
 
-    def _copy_up(self, node: Node, keep: bool, track: bool = True) -> Buffered:
-        """A buffered copy of a file of the source, to be changed."""
+    def _copy_up(self, node: Node, keep: bool, track: bool = True, handles: int = 0) -> Buffered:
+        """A buffered copy of a file of the source, to be changed (placed with `handles`)."""
         kind, shard = self._kind(node)
         content = self._content(node) if keep else b""
-        entry = Buffered(node.path, self.buffer.new(content), kind, shard, node.coords)
+        entry = Buffered(node.path, self.buffer.new(content), kind, shard, node.coords, handles)
         if track:
             self.overlay.put(entry)
         return entry
