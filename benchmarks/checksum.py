@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from common import machine
+from common import DataDir, machine
 from read_throughput import drop_caches
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,17 +112,8 @@ def materialize(source: Path, copy: Path) -> int:
 
 
 @dataclass
-class Dataset:
-    data: Path
+class Dataset(DataDir):
     grid: tuple[int, int]
-    source: Path = field(init=False)
-    copy: Path = field(init=False)
-    marker: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.source = self.data / "sharded.zarr"
-        self.copy = self.data / "plain.zarr"
-        self.marker = self.data / "dataset.json"
 
     @property
     def params(self) -> dict[str, object]:
@@ -134,23 +125,17 @@ class Dataset:
             "zarr": zarr.__version__,
         }
 
-    def ready(self) -> bool:
-        try:
-            return json.loads(self.marker.read_text()) == self.params
-        except (OSError, ValueError):
-            return False
-
     def build(self) -> None:
         self.marker.unlink(missing_ok=True)
-        for path in (self.source, self.copy):
+        for path in (self.source, self.plain):
             shutil.rmtree(path, ignore_errors=True)
         started = time.perf_counter()
         print(f"writing {self.source}, {self.grid[0]} x {self.grid[1]} chunks ...", flush=True)
         write_source(self.source, self.grid)
         print(f"  {time.perf_counter() - started:.1f} s", flush=True)
         started = time.perf_counter()
-        print(f"materializing the view as {self.copy} ...", flush=True)
-        files = materialize(self.source, self.copy)
+        print(f"materializing the view as {self.plain} ...", flush=True)
+        files = materialize(self.source, self.plain)
         print(f"  {files} files, {time.perf_counter() - started:.1f} s", flush=True)
         self.marker.write_text(json.dumps(self.params))
 
@@ -259,7 +244,7 @@ def main() -> int:
             print(f"reusing {data}")
         else:
             dataset.build()
-        files, nbytes = tree_size(dataset.copy)
+        files, nbytes = tree_size(dataset.plain)
         shards, shard_bytes = tree_size(dataset.source)
         grid = dataset.grid
         print(
@@ -274,8 +259,8 @@ def main() -> int:
                 "shardfs checksum --virtual (sharded source)",
                 [*SHARDFS, "checksum", "--virtual", str(dataset.source)],
             ),
-            Case("b", "zarrsum local (plain copy)", [ZARRSUM, "local", str(dataset.copy)]),
-            Case("c", "shardfs checksum (plain copy)", [*SHARDFS, "checksum", str(dataset.copy)]),
+            Case("b", "zarrsum local (plain copy)", [ZARRSUM, "local", str(dataset.plain)]),
+            Case("c", "shardfs checksum (plain copy)", [*SHARDFS, "checksum", str(dataset.plain)]),
         ]
         checksum = measure(case_list, args.repeat)
     finally:

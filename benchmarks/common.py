@@ -4,10 +4,13 @@ and the description of the machine a run was made on."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 import numpy as np
@@ -58,3 +61,42 @@ def machine() -> str:
         f"threading.max_workers={zarr.config.get('threading.max_workers')}), "
         f"numpy {np.__version__}"
     )
+
+
+@dataclass
+class DataDir:
+    """A benchmark's data directory: the sharded source, its plain copy, a mountpoint, the
+    daemon's log, and a marker of the parameters the data was made with, so that a data
+    set is reused only by a run that would make the same one."""
+
+    data: Path
+
+    @property
+    def source(self) -> Path:
+        return self.data / "sharded.zarr"
+
+    @property
+    def plain(self) -> Path:
+        return self.data / "plain.zarr"
+
+    @property
+    def mountpoint(self) -> Path:
+        return self.data / "mnt"
+
+    @property
+    def log(self) -> Path:
+        return self.data / "mount.log"
+
+    @property
+    def marker(self) -> Path:
+        return self.data / "dataset.json"
+
+    @property
+    def params(self) -> dict[str, object]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        try:
+            return json.loads(self.marker.read_text()) == self.params
+        except (OSError, ValueError):
+            return False

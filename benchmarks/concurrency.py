@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 import tensorstore as ts
 import zarr
-from common import Interrupts, machine
+from common import DataDir, Interrupts, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -139,21 +139,8 @@ def write_array(path: Path, grid: int, sharded: bool) -> None:
 
 
 @dataclass
-class Dataset:
-    data: Path
+class Dataset(DataDir):
     grid: int
-    source: Path = field(init=False)
-    plain: Path = field(init=False)
-    mountpoint: Path = field(init=False)
-    log: Path = field(init=False)
-    marker: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.source = self.data / "sharded.zarr"
-        self.plain = self.data / "plain.zarr"
-        self.mountpoint = self.data / "mnt"
-        self.log = self.data / "mount.log"
-        self.marker = self.data / "dataset.json"
 
     @property
     def params(self) -> dict[str, object]:
@@ -164,12 +151,6 @@ class Dataset:
             "generator": GENERATOR,
             "tensorstore": version("tensorstore"),
         }
-
-    def ready(self) -> bool:
-        try:
-            return json.loads(self.marker.read_text()) == self.params
-        except (OSError, ValueError):
-            return False
 
     def build(self, mounts: Mounts) -> None:
         """Write both arrays, give the copy the view's `zarr.json`, and compare a sample of

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from common import Interrupts, machine
+from common import DataDir, Interrupts, machine
 from zarr.codecs import ZstdCodec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,23 +109,10 @@ def file_sizes(top: Path) -> dict[str, int]:
 
 
 @dataclass
-class Dataset:
+class Dataset(DataDir):
     """The benchmark's files under the data directory."""
 
-    data: Path
     shape: tuple[int, int, int]
-    mountpoint: Path = field(init=False)
-    log: Path = field(init=False)
-    source: Path = field(init=False)
-    plain: Path = field(init=False)
-    marker: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.mountpoint = self.data / "mnt"
-        self.log = self.data / "mount.log"
-        self.source = self.data / "sharded.zarr"
-        self.plain = self.data / "plain.zarr"
-        self.marker = self.data / "dataset.json"
 
     @property
     def params(self) -> dict[str, object]:
@@ -138,11 +125,7 @@ class Dataset:
         }
 
     def ready(self) -> bool:
-        try:
-            matching = json.loads(self.marker.read_text()) == self.params
-        except (OSError, ValueError):
-            return False
-        return matching and all(
+        return super().ready() and all(
             (d / ARRAY / "zarr.json").is_file() for d in (self.source, self.plain)
         )
 
