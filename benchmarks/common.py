@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import signal
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,9 @@ from types import FrameType
 
 import numpy as np
 import zarr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.conftest import Mounted, start_mount, stop_mount
 
 
 class Interrupts:
@@ -100,3 +104,27 @@ class DataDir:
             return json.loads(self.marker.read_text()) == self.params
         except (OSError, ValueError):
             return False
+
+
+class MountManager:
+    """At most one `shardfs mount -f ... -o ro` child at a time, always unmounted by `stop`."""
+
+    def __init__(self, dataset: DataDir, interrupts: Interrupts) -> None:
+        self.dataset = dataset
+        self.interrupts = interrupts
+        self.current: Mounted | None = None
+
+    def fresh(self) -> Mounted:
+        """A new daemon (the old one unmounted first)."""
+        self.stop()
+        with self.interrupts.deferred():  # a daemon must never start without being recorded
+            self.current = start_mount(
+                self.dataset.source, self.dataset.mountpoint, self.dataset.log, "ro"
+            )
+        return self.current
+
+    def stop(self) -> None:
+        with self.interrupts.deferred():  # an interrupted unmount would leave the daemon behind
+            if self.current is not None:
+                stop_mount(self.current)
+                self.current = None

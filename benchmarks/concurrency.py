@@ -60,11 +60,11 @@ from pathlib import Path
 import numpy as np
 import tensorstore as ts
 import zarr
-from common import DataDir, Interrupts, machine
+from common import DataDir, Interrupts, MountManager, machine
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.conftest import Mounted, start_mount, stop_mount  # noqa: E402
+from tests.conftest import Mounted  # noqa: E402
 
 #: Inner chunk edge (uint16), and inner chunks per shard along each axis.
 CHUNK = 32
@@ -207,21 +207,8 @@ class Warmth:
 # -- mounts ---------------------------------------------------------------------------
 
 
-class Mounts:
-    """At most one `shardfs mount -f ... -o ro` child at a time, always unmounted by `stop`."""
-
-    def __init__(self, dataset: Dataset, interrupts: Interrupts) -> None:
-        self.dataset = dataset
-        self.interrupts = interrupts
-        self.current: Mounted | None = None
-
-    def fresh(self) -> Mounted:
-        self.stop()
-        with self.interrupts.deferred():  # a daemon must never start without being recorded
-            self.current = start_mount(
-                self.dataset.source, self.dataset.mountpoint, self.dataset.log, "ro"
-            )
-        return self.current
+class Mounts(MountManager):
+    """Mounts of the data set, warmed."""
 
     def warmed(self) -> Mounted:
         """A fresh mount whose daemon has read every shard index (a stat of one chunk file
@@ -232,12 +219,6 @@ class Mounts:
             for j in range(0, grid, SHARD):
                 os.stat(mounted.path / ARRAY / f"c/{i}/{j}")
         return mounted
-
-    def stop(self) -> None:
-        with self.interrupts.deferred():  # an interrupted unmount would leave the daemon behind
-            if self.current is not None:
-                stop_mount(self.current)
-                self.current = None
 
 
 # -- the readers ----------------------------------------------------------------------

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from common import DataDir, Interrupts, machine
+from common import DataDir, Interrupts, MountManager, machine
 from zarr.codecs import ZstdCodec
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.conftest import Mounted, start_mount, stop_mount  # noqa: E402
+from tests.conftest import Mounted  # noqa: E402
 
 CHUNK = 64
 SHARD = 256
@@ -155,29 +155,14 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-class MountManager:
-    """At most one `shardfs mount -f ... -o ro` child at a time, always unmounted by `stop`."""
-
-    def __init__(self, dataset: Dataset, interrupts: Interrupts) -> None:
-        self.dataset = dataset
-        self.interrupts = interrupts
-        self.current: Mounted | None = None
+class ColdMounts(MountManager):
+    """Mounts on empty caches."""
 
     def fresh(self) -> Mounted:
         """A new daemon on empty caches: unmount, drop the page cache, mount."""
         self.stop()
         drop_caches()
-        with self.interrupts.deferred():  # a daemon must never start without being recorded
-            self.current = start_mount(
-                self.dataset.source, self.dataset.mountpoint, self.dataset.log, "ro"
-            )
-        return self.current
-
-    def stop(self) -> None:
-        with self.interrupts.deferred():  # an interrupted unmount would leave the daemon behind
-            if self.current is not None:
-                stop_mount(self.current)
-                self.current = None
+        return super().fresh()
 
 
 # -- the cases ------------------------------------------------------------------------
@@ -322,7 +307,7 @@ def main() -> int:
     dataset = Dataset(args.data.resolve(), shape_for(args.size_mib))
     dataset.data.mkdir(parents=True, exist_ok=True)
     dataset.log.write_text("")
-    mounts = MountManager(dataset, interrupts)
+    mounts = ColdMounts(dataset, interrupts)
     try:
         if dataset.ready():
             print(f"reusing {dataset.data}")
