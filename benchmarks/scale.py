@@ -1,0 +1,608 @@
+"""Scale: a mount of a 1,000,000-chunk array against the same tree as plain files.
+
+Why: a reader walks a mounted array as it walks any directory tree (`find`,
+`du`, `ls -l`, `tar`), and the daemon must serve a million chunk files without
+its memory growing with them. This script measures, in one run and on one
+machine, a sharded array written by tensorstore (uint16, inner chunks 8 x 8,
+shards of 32 x 32 inner chunks, zstd; `--rows` x 10,000 inner chunks, so
+every chunk directory of the view holds 10,000 files) through a `-o ro`
+mount, and a plain copy of its view (one file per chunk) on local disk:
+
+  start-up  `shardfs mount SOURCE MOUNTPOINT -o ro` until the root answers (mount only)
+  find      `find DIR -type f | wc -l`
+  du        `du -sb DIR`
+  ls        `ls -l DIR/data/c/0 | wc -l` (one 10,000-file directory)
+  read      `tar -cf - -C DIR . | wc -c` (every byte of every file)
+
+each COLD (page cache, dentries and inodes dropped) and WARM (the same command
+again at once). Per repetition each side runs all steps in this order, the
+side that goes first alternating; the mount side uses one daemon for find to
+read (started by the warm start-up), whose resident memory is sampled after
+every step, so its peak (VmHWM) covers the whole walk and a full read. COLD
+drops the kernel's caches only: the daemon keeps what earlier steps loaded,
+as a long-running mount does. The table shows medians; each ratio (mount time /
+plain time) is the median of per-repetition ratios, with its range. Needs root
+(drop_caches, FUSE).
+
+    .venv/bin/python benchmarks/scale.py [--rows 100] [--data DIR] [--repeat 3]
+
+Without --data, the data lives in a temporary directory that is removed at the
+end; with it, the data is kept and reused by the next run with the same options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import tensorstore as ts
+import zarr
+from common import DataDir, Interrupts, machine
+from read_throughput import drop_caches
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from shardfs.fuse.mounts import lock_path, mount_type, open_lock, unmount, wait_for_daemon  # noqa: E402
+from shardfs.storage import LocalStorage  # noqa: E402
+from shardfs.view import Namespace  # noqa: E402
+
+#: Inner chunk edge (uint16), inner chunks per shard along each axis, and chunk columns:
+#: each chunk directory c/<row> of the view holds COLUMNS files.
+CHUNK = 8
+SHARD = 32
+COLUMNS = 10_000
+ARRAY = "data"
+#: The metadata documents of the view (root group, array), besides the chunk files.
+DOCUMENTS = 2
+#: Bumped whenever the generated data changes, so an old data set is not reused.
+GENERATOR = 1
+STARTUP_TARGET = 1.0  #: seconds
+RATIO_TARGET = 3.0  #: find and du, warm: mount time / plain time
+RSS_TARGET = 256  #: MiB, the daemon's peak
+SHARDFS = [sys.executable, "-m", "shardfs"]
+MODES = ("cold", "warm")
+
+
+# -- the data set ---------------------------------------------------------------------
+
+
+def write_source(source: Path, rows: int) -> None:
+    """The sharded array, written by tensorstore (not shardfs) one row of shards at a
+    time: a ramp that zstd packs small, never the fill value, so every chunk is stored."""
+    zarr.open_group(source, mode="w")  # the root group, so the view is a hierarchy
+    shape = (rows * CHUNK, COLUMNS * CHUNK)
+    bytes_codec = {"name": "bytes", "configuration": {"endian": "little"}}
+    sharding = {
+        "chunk_shape": [CHUNK, CHUNK],
+        "codecs": [bytes_codec, {"name": "zstd", "configuration": {"level": 3}}],
+        "index_codecs": [bytes_codec, {"name": "crc32c"}],
+        "index_location": "end",
+    }
+    array = ts.open(
+        {
+            "driver": "zarr3",
+            "kvstore": {"driver": "file", "path": str(source / ARRAY)},
+            "metadata": {
+                "shape": list(shape),
+                "data_type": "uint16",
+                "chunk_grid": {
+                    "name": "regular",
+                    "configuration": {"chunk_shape": [CHUNK * SHARD, CHUNK * SHARD]},
+                },
+                "chunk_key_encoding": {"name": "default"},
+                "fill_value": 0,
+                "codecs": [{"name": "sharding_indexed", "configuration": sharding}],
+            },
+            "create": True,
+        }
+    ).result()
+    step = CHUNK * SHARD
+    x = np.arange(shape[1], dtype=np.uint32)
+    for start in range(0, shape[0], step):
+        y = np.arange(start, min(start + step, shape[0]), dtype=np.uint32)
+        ramp = (1 + (y[:, None] * 7 + x[None, :]) % 4093).astype(np.uint16)
+        array[start : start + len(y)].write(ramp).result()
+
+
+def check_source(source: Path, rows: int) -> None:
+    """zarr-python must read it as the array asked for, with the values written."""
+    array = zarr.open_array(source / ARRAY, mode="r")
+    expected = {
+        "shape": (rows * CHUNK, COLUMNS * CHUNK),
+        "chunks": (CHUNK, CHUNK),
+        "shards": (CHUNK * SHARD, CHUNK * SHARD),
+        "dtype": np.dtype("uint16"),
+        "compressors": ("zstd",),
+    }
+    found = {
+        "shape": array.shape,
+        "chunks": array.chunks,
+        "shards": array.shards,
+        "dtype": array.dtype,
+        "compressors": tuple(
+            type(c).__name__.removesuffix("Codec").lower() for c in array.compressors
+        ),
+    }
+    if found != expected:
+        raise RuntimeError(f"{source}: zarr-python sees {found}, expected {expected}")
+    y = np.arange(array.shape[0] - 3, array.shape[0], dtype=np.uint32)
+    x = np.arange(array.shape[1] - 300, array.shape[1], dtype=np.uint32)
+    ramp = (1 + (y[:, None] * 7 + x[None, :]) % 4093).astype(np.uint16)
+    if not np.array_equal(array[-3:, -300:], ramp):
+        raise RuntimeError(f"{source}: zarr-python reads other values than were written")
+
+
+def write_files(directory: Path, files: list[tuple[str, bytes]]) -> None:
+    """Create the files of one chunk directory (in a worker thread: the syscalls dominate)."""
+    for name, data in files:
+        fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+
+def materialize(source: Path, copy: Path) -> int:
+    """Write every file of the unsharded view of `source` below `copy`; returns the number
+    of files. Chunk files come in bulk (`Namespace.listing`: per shard, their names and
+    extents), so each shard's span is read once per directory and no node is made per
+    chunk; threads create the files."""
+    namespace = Namespace(LocalStorage(source))
+    files = 0
+    pending = [namespace.root()]
+    with ThreadPoolExecutor(4) as pool:  # file creation releases the GIL
+        writes: list[Future[None]] = []
+        while pending:
+            directory = pending.pop()
+            target = copy / directory.path
+            target.mkdir(parents=True, exist_ok=True)
+            listing = namespace.listing(directory)
+            for _, node, attr in listing.entries:
+                if attr.is_dir:
+                    pending.append(node)
+                else:
+                    reader = namespace.open(node)
+                    (copy / node.path).write_bytes(reader.read(0, reader.size))
+                    files += 1
+            chunks = []
+            for run in listing.runs:
+                names = run.names()
+                for i, (key, _) in enumerate(run.shards):
+                    rows = np.flatnonzero(run.shard == i)
+                    extents = run.extents[rows]
+                    start = int(extents[:, 0].min())
+                    length = int(extents.sum(axis=1).max()) - start
+                    span = namespace.storage.read(key, start, length)
+                    for row, (offset, nbytes) in zip(rows.tolist(), extents.tolist(), strict=True):
+                        chunks.append((names[row], span[offset - start : offset - start + nbytes]))
+            if chunks:
+                writes.append(pool.submit(write_files, target, chunks))
+                files += len(chunks)
+            while len(writes) > 8:  # bounded memory: a few directories in flight
+                writes.pop(0).result()
+        for write in writes:
+            write.result()
+    return files
+
+
+@dataclass
+class Dataset(DataDir):
+    rows: int
+
+    @property
+    def chunks(self) -> int:
+        return self.rows * COLUMNS
+
+    @property
+    def params(self) -> dict[str, object]:
+        return {
+            "grid": [self.rows, COLUMNS],
+            "chunk": CHUNK,
+            "shard": SHARD,
+            "generator": GENERATOR,
+            "tensorstore": version("tensorstore"),
+        }
+
+    def ready(self) -> bool:
+        return super().ready() and all(
+            (d / ARRAY / "zarr.json").is_file() for d in (self.source, self.plain)
+        )
+
+    def build(self) -> None:
+        self.marker.unlink(missing_ok=True)
+        for path in (self.source, self.plain):
+            shutil.rmtree(path, ignore_errors=True)
+        started = time.perf_counter()
+        print(
+            f"writing {self.source} with tensorstore, {self.rows} x {COLUMNS} chunks ...",
+            flush=True,
+        )
+        write_source(self.source, self.rows)
+        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
+        check_source(self.source, self.rows)
+        started = time.perf_counter()
+        print(f"materializing the view as {self.plain} ...", flush=True)
+        files = materialize(self.source, self.plain)
+        print(f"  {files} files, {time.perf_counter() - started:.1f} s", flush=True)
+        if files != self.chunks + DOCUMENTS:
+            raise RuntimeError(f"the copy has {files} files, expected {self.chunks + DOCUMENTS}")
+        self.marker.write_text(json.dumps(self.params))
+
+    def directories(self, top: Path) -> list[Path]:
+        """Every directory of the view below `top`, whose sizes `du -sb` adds to the files'."""
+        return [
+            top,
+            top / ARRAY,
+            top / ARRAY / "c",
+            *(top / ARRAY / "c" / str(i) for i in range(self.rows)),
+        ]
+
+
+def source_size(source: Path) -> tuple[int, int]:
+    """(files, bytes) of the sharded source."""
+    files = nbytes = 0
+    for directory, _, names in os.walk(source):
+        files += len(names)
+        nbytes += sum(os.stat(os.path.join(directory, name)).st_size for name in names)
+    return files, nbytes
+
+
+def code_digest() -> str:
+    """A digest of shardfs/*.py as they are on disk: every daemon runs the code as it is
+    when it starts, so a change in mid-run must show."""
+    digest = hashlib.sha1()
+    for path in sorted((ROOT / "shardfs").rglob("*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:8]
+
+
+def revision() -> str:
+    """The code measured: the commit, and the digest of shardfs/*.py (which may differ
+    from the commit's)."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    return f"{commit}, shardfs/*.py digest {code_digest()}"
+
+
+# -- the daemon -----------------------------------------------------------------------
+
+
+class Daemon:
+    """At most one detached `shardfs mount -o ro` daemon at a time, always unmounted and
+    waited for by `stop`; its PID comes from its lock file, so it is the only process
+    this script ever kills (and only if it does not exit after the unmount)."""
+
+    def __init__(self, dataset: Dataset, interrupts: Interrupts) -> None:
+        self.dataset = dataset
+        self.interrupts = interrupts
+        self.pid: int | None = None
+
+    def start(self) -> float:
+        """Mount; the seconds from starting `shardfs mount` until the root answers."""
+        self.stop()
+        mountpoint = self.dataset.mountpoint
+        mountpoint.mkdir(exist_ok=True)
+        command = [
+            *SHARDFS,
+            "mount",
+            str(self.dataset.source),
+            str(mountpoint),
+            "-o",
+            f"ro,log={self.dataset.log}",
+        ]
+        with self.interrupts.deferred():  # a daemon must never start without being recorded
+            started = time.perf_counter()
+            # Its own session: a Ctrl-C reaches this script only, which then unmounts.
+            done = subprocess.run(command, capture_output=True, text=True, start_new_session=True)
+            if done.returncode == 0:
+                os.stat(mountpoint)
+            elapsed = time.perf_counter() - started
+            if mount_type(str(mountpoint)) == "fuse.shardfs":
+                with open(lock_path(str(mountpoint))) as f:
+                    self.pid = int(json.load(f)["pid"])
+        if done.returncode != 0:
+            raise RuntimeError(f"shardfs mount failed: {done.stderr.strip()}")
+        return elapsed
+
+    def status(self, field_name: str) -> int:
+        """A memory figure of the daemon from /proc/PID/status, in KiB (VmRSS, VmHWM)."""
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+        raise RuntimeError(f"no {field_name} in /proc/{self.pid}/status")
+
+    def stop(self) -> None:
+        """Unmount (lazily if busy) and wait until the daemon has exited."""
+        path = str(self.dataset.mountpoint)
+        with self.interrupts.deferred():  # an interrupted unmount would leave the daemon behind
+            if mount_type(path) == "fuse.shardfs":
+                lock = open_lock(path)  # before the unmount: the daemon removes it as it exits
+                if unmount(path).returncode != 0:
+                    unmount(path, lazy=True)
+                if lock is not None and wait_for_daemon(lock, timeout=30) is None:
+                    if self.pid is not None:
+                        os.kill(self.pid, signal.SIGKILL)
+                    if wait_for_daemon(lock, timeout=30) is None:
+                        raise RuntimeError(f"the daemon of {path} (PID {self.pid}) does not exit")
+            self.pid = None
+
+
+# -- the steps ------------------------------------------------------------------------
+
+
+def run_shell(script: str, timeout: float) -> tuple[float, str]:
+    """(seconds, stdout) of a `bash -o pipefail` pipeline, run in its own process group
+    so that a timeout or an interrupt ends all of it, and nothing keeps the mount busy."""
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        ["bash", "-o", "pipefail", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)  # the group this call started
+        process.wait()
+        raise
+    elapsed = time.perf_counter() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"`{script}` failed ({process.returncode}): {err.strip()}")
+    return elapsed, out.strip()
+
+
+@dataclass
+class Step:
+    key: str
+    label: str
+    #: the pipeline, with {dir} for the top of the tree
+    script: str
+    #: per side ("mount", "plain"), per mode: seconds per repetition
+    times: dict[str, dict[str, list[float]]] = field(
+        default_factory=lambda: {side: {m: [] for m in MODES} for side in ("mount", "plain")}
+    )
+    #: per side: what the command printed (the same every time)
+    output: dict[str, str] = field(default_factory=dict)
+
+
+def steps() -> list[Step]:
+    """The walks, in the order each side runs them; labels are table cells (| escaped)."""
+    return [
+        Step("find", "`find DIR -type f \\| wc -l`", "find {dir} -type f | wc -l"),
+        Step("du", "`du -sb DIR`", "du -sb {dir} | cut -f1"),
+        Step("ls", "`ls -l DIR/data/c/0 \\| wc -l`", "ls -l {dir}/data/c/0 | wc -l"),
+        Step("read", "`tar -cf - -C DIR . \\| wc -c`", "tar -cf - -C {dir} . | wc -c"),
+    ]
+
+
+@dataclass
+class Run:
+    dataset: Dataset
+    daemon: Daemon
+    timeout: float
+    steps: list[Step] = field(default_factory=steps)
+    startup: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})
+    #: per repetition: VmRSS (KiB) after the start and after each step, and VmHWM ("peak")
+    rss: list[dict[str, int]] = field(default_factory=list)
+    #: per side: the bytes `du -sb` counted for the files alone (its total less directories)
+    file_bytes: dict[str, int] = field(default_factory=dict)
+
+    def side(self, side: str, rep: int, repeat: int) -> None:
+        """Every step, COLD then WARM, on one side."""
+        top = self.dataset.mountpoint if side == "mount" else self.dataset.plain
+        tag = f"  rep {rep + 1}/{repeat} {side}"
+        rss: dict[str, int] = {}
+        if side == "mount":
+            for mode in MODES:
+                if mode == "cold":
+                    self.daemon.stop()
+                    drop_caches()
+                self.startup[mode].append(self.daemon.start())
+                print(f"{tag} start-up {mode}: {self.startup[mode][-1]:8.2f} s", flush=True)
+            rss["start"] = self.daemon.status("VmRSS")
+        for step in self.steps:
+            for mode in MODES:
+                if mode == "cold":
+                    drop_caches()
+                elapsed, out = run_shell(step.script.format(dir=top), self.timeout)
+                if step.output.setdefault(side, out) != out:
+                    raise RuntimeError(
+                        f"{step.key} on {top} printed {out}, before {step.output[side]}"
+                    )
+                step.times[side][mode].append(elapsed)
+                print(f"{tag} {step.key:<8} {mode}: {elapsed:8.2f} s  ({out})", flush=True)
+            if step.key == "du":
+                dirs = sum(d.stat().st_size for d in self.dataset.directories(top))
+                self.file_bytes[side] = int(step.output[side]) - dirs
+            if side == "mount":
+                rss[step.key] = self.daemon.status("VmRSS")
+        if side == "mount":
+            rss["peak"] = self.daemon.status("VmHWM")
+            self.rss.append(rss)
+            self.daemon.stop()
+
+    def measure(self, repeat: int) -> None:
+        sides = ["mount", "plain"]
+        for rep in range(repeat):
+            for side in sides[rep % 2 :] + sides[: rep % 2]:
+                self.side(side, rep, repeat)
+            if rep == 0:  # every later run must print the same: a wrong tree fails early
+                self.check()
+
+    def check(self) -> None:
+        """Both sides must show the same tree: the right file counts, the same file bytes,
+        the same tar stream."""
+        out = {step.key: step.output for step in self.steps}
+        files = self.dataset.chunks + DOCUMENTS
+        for side in ("mount", "plain"):
+            if int(out["find"][side]) != files:
+                raise RuntimeError(
+                    f"find on the {side} side counted {out['find'][side]}, not {files}"
+                )
+            if int(out["ls"][side]) != COLUMNS + 1:  # with the "total" line
+                raise RuntimeError(f"ls -l on the {side} side printed {out['ls'][side]} lines")
+        if out["read"]["mount"] != out["read"]["plain"]:
+            raise RuntimeError(f"tar streams differ in length: {out['read']}")
+        if self.file_bytes["mount"] != self.file_bytes["plain"]:
+            raise RuntimeError(f"du of the files differs: {self.file_bytes} ({out['du']} in all)")
+
+
+# -- report ---------------------------------------------------------------------------
+
+
+def ratio_cell(mount: list[float], plain: list[float], target: float | None) -> str:
+    """mount time / plain time, paired per repetition (the two ran close together, so a
+    noisy neighbour slows both): the median, and the range."""
+    ratios = sorted(m / p for m, p in zip(mount, plain, strict=True))
+    ratio = statistics.median(ratios)
+    cell = f"{ratio:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+    if target is not None:
+        cell += f", target <= {target:g}x: {'ok' if ratio <= target else 'ABOVE'}"
+    return cell
+
+
+def report(run: Run, repeat: int) -> str:
+    lines = [
+        f"| step (median of {repeat}) | mount cold s | plain cold s | mount warm s | plain warm s "
+        "| cold mount/plain | warm mount/plain |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    startup = [statistics.median(run.startup[mode]) for mode in MODES]
+    verdicts = [
+        f"target < {STARTUP_TARGET:g} s: {'ok' if t < STARTUP_TARGET else 'ABOVE'}" for t in startup
+    ]
+    lines.append(
+        f"| mount start-up | {startup[0]:.2f} | | {startup[1]:.2f} | "
+        f"| {verdicts[0]} | {verdicts[1]} |"
+    )
+    for step in run.steps:
+        medians = [
+            f"{statistics.median(step.times[side][mode]):.2f}"
+            for mode in MODES
+            for side in ("mount", "plain")
+        ]
+        ratios = [
+            ratio_cell(
+                step.times["mount"][mode],
+                step.times["plain"][mode],
+                RATIO_TARGET if mode == "warm" and step.key in ("find", "du") else None,
+            )
+            for mode in MODES
+        ]
+        label = f"**{step.label}**" if step.key in ("find", "du") else step.label
+        lines.append(f"| {label} | {' | '.join(medians)} | {' | '.join(ratios)} |")
+    lines += ["", "| daemon RSS, MiB | " + " | ".join(f"rep {i + 1}" for i in range(repeat)) + " |"]
+    lines.append("|---|" + "---:|" * repeat)
+    for what in ("start", *(step.key for step in run.steps)):
+        figures = " | ".join(f"{rss[what] / 1024:.0f}" for rss in run.rss)
+        lines.append(f"| after {what} (VmRSS) | {figures} |")
+    peak = max(rss["peak"] for rss in run.rss) / 1024
+    figures = " | ".join(f"{rss['peak'] / 1024:.0f}" for rss in run.rss)
+    lines.append(f"| **peak** (VmHWM) | {figures} |")
+    verdict = "ok" if peak < RSS_TARGET else "ABOVE"
+    lines.append(f"\npeak RSS of the daemon: {peak:.0f} MiB, target < {RSS_TARGET} MiB: {verdict}")
+    return "\n".join(lines)
+
+
+def outputs(run: Run) -> str:
+    out = {step.key: step.output for step in run.steps}
+    return (
+        f"find: {out['find']['mount']} files on both sides ({run.dataset.chunks} chunks + "
+        f"{DOCUMENTS} zarr.json); ls -l: {out['ls']['mount']} lines (10,000 entries + total); "
+        f"du -sb: mount {out['du']['mount']}, plain {out['du']['plain']} "
+        f"(files alone: {run.file_bytes['plain']} on both; the rest is directory sizes); "
+        f"tar: {out['read']['mount']} bytes on both sides"
+    )
+
+
+# -- main -----------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=100,
+        help=f"chunk rows of {COLUMNS} chunks (default 100: 1M chunks)",
+    )
+    parser.add_argument("--data", type=Path, help="keep the data here (default: a temp dir)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions (median reported)")
+    parser.add_argument(
+        "--step-timeout", type=float, default=600, help="seconds one command may take"
+    )
+    args = parser.parse_args()
+    if args.rows < 1 or args.repeat < 1:
+        parser.error("--rows and --repeat must be positive")
+    if os.geteuid() != 0:
+        parser.error("needs root: it drops the page cache and mounts")
+    interrupts = Interrupts()  # so `finally` unmounts on SIGTERM too
+    data = args.data.resolve() if args.data else Path(tempfile.mkdtemp(prefix="shardfs-scale-"))
+    dataset = Dataset(data, args.rows)
+    daemon = Daemon(dataset, interrupts)
+    run = Run(dataset, daemon, args.step_timeout)
+    code, digest = revision(), code_digest()
+    print(f"shardfs at {code}", flush=True)
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+        dataset.log.write_text("")
+        if dataset.ready():
+            print(f"reusing {data}")
+        else:
+            dataset.build()
+        shards, shard_bytes = source_size(dataset.source)
+        print(
+            f"array {args.rows * CHUNK} x {COLUMNS * CHUNK} uint16, chunks {CHUNK}^2, shards "
+            f"{CHUNK * SHARD}^2, zstd, written by tensorstore: {dataset.chunks} chunks in "
+            f"{args.rows} directories of {COLUMNS}; the source: {shards} files, "
+            f"{shard_bytes / (1 << 20):.1f} MiB",
+            flush=True,
+        )
+        run.measure(args.repeat)
+        run.check()
+        summary = outputs(run)
+        if code_digest() != digest:
+            summary += f"\nWARNING: shardfs/ changed during the run: now at {revision()}"
+    finally:
+        daemon.stop()
+        if args.data is None:
+            shutil.rmtree(data, ignore_errors=True)
+    print()
+    print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
+    print(machine())
+    print(f"shardfs at {code}")
+    print(summary)
+    print()
+    print(report(run, args.repeat))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        print(
+            f"interrupted ({e}); the mount is unmounted and its daemon has exited", file=sys.stderr
+        )
+        sys.exit(130)
