@@ -113,9 +113,24 @@ def test_an_unlinked_chunk_inode_lives_until_forgotten(ns: Namespace) -> None:
     ino = table.assign(node)
     table.unlink(node)
     assert table.node(ino) is node  # still open somewhere
-    assert table.assign(node) != ino  # a file created at the path is another inode
+    assert table.removed(ino)  # its path no longer speaks for it
+    new = table.assign(node)  # a file created at the path is another inode
+    assert new != ino and not table.removed(new)
     table.forget(ino, 1)
-    assert table.node(ino).path == node.path
+    assert table.node(ino).path == node.path and not table.removed(ino)
+
+
+def test_a_counted_inode_renamed_over_is_removed(ns: Namespace) -> None:
+    table = InodeTable(ns.root())
+    doc = ns.resolve("a/zarr.json")  # counted, not derived
+    ino = table.assign(doc)
+    table.ref(ino)
+    table.unlink(doc)
+    assert table.removed(ino) and table.assign(doc) != ino
+    table.forget(ino, 1)
+    assert not table.removed(ino)
+    with pytest.raises(KeyError):
+        table.node(ino)
 
 
 def test_the_budget_names_the_oldest_entries_once(ns: Namespace) -> None:

@@ -15,7 +15,7 @@
 - Threads write disjoint chunks of shared shards through one mount while it commits in
   the background.
 - Regressions for the bugs these tests found, and strict xfails for the differences from
-  a plain file system that are still open (an adapter bug, and two decisions).
+  a plain file system that are still open (two decisions).
 
 fio and stress-ng are installed by scripts/setup; a missing one fails the test.
 """
@@ -194,8 +194,10 @@ def test_fio_random_reads_of_a_read_only_mount(tmp_path: Path, mount) -> None:
 #: inode-flags and lease (FIEMAP, hole punching, inode flags and leases are not supported:
 #: the stressors skip or do nothing), access and utime (modes and times are not stored),
 #: link (each of its operations makes thousands of links: too slow here; the state machine
-#: covers link), io-uring (fails on any file system: statx of a file it unlinked), and the
-#: stressors that use a file after unlinking it (OPEN_UNLINKED below).
+#: covers link), io-uring (fails on any file system: statx of a file it unlinked), fsize
+#: (stress-ng 0.15 reports fallocate's EOPNOTSUPP as a failure to stop at the file size
+#: limit; pyfuse3 has no fallocate), and the stressors that use a file after unlinking it
+#: (OPEN_UNLINKED below).
 STRESSORS: dict[str, list[str]] = {
     "dentry": ["--dentries", "256"],
     "dir": ["--dir-dirs", "256"],
@@ -221,7 +223,6 @@ OPEN_UNLINKED: dict[str, list[str]] = {
     "aiol": [],
     "seek": [],
     "readahead": [],
-    "fsize": [],
     "copy-file": [],
     "revio": [],
     "sync-file": [],
@@ -302,14 +303,9 @@ def test_stress_ng_on_a_read_write_mount(tmp_path: Path, mount) -> None:
     assert not (source / "image" / "work").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: fstat, reads and ftruncate of an open file unlinked through the mount fail "
-    "with ENOENT (the adapter answers getattr/setattr by path)",
-)
 def test_stress_ng_stressors_that_use_unlinked_files(tmp_path: Path, mount) -> None:
     source = tmp_path / "src"
-    make_image(source)
+    expected = make_image(source)
     mounted: Mounted = mount(source)
     (mounted.path / "scratch").mkdir()
     result = subprocess.run(
@@ -322,34 +318,67 @@ def test_stress_ng_stressors_that_use_unlinked_files(tmp_path: Path, mount) -> N
     assert result.returncode == 0 and " fail: " not in result.stdout + result.stderr, (
         result.stdout + result.stderr
     )
+    assert list((mounted.path / "scratch").iterdir()) == []
+    mounted.stop()
+    np.testing.assert_array_equal(zarr.open_array(source / "image", mode="r")[...], expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OSError,
-    reason="bug: an open file unlinked through the mount answers fstat, reads and ftruncate "
-    "with ENOENT (the adapter answers getattr and setattr by path, not by the open file)",
-)
 def test_an_open_file_keeps_working_after_unlink(tmp_path: Path, mount) -> None:
     """What most stress-ng file stressors (and tmpfile-style writers) do: create a file,
-    unlink it, and go on using the descriptor. On any POSIX file system that works."""
+    unlink it, and go on using the descriptor, also through /proc/self/fd. A new file
+    at the same path is another file."""
     source = tmp_path / "src"
-    make_image(source)
+    expected = make_image(source)
     mounted: Mounted = mount(source)
-    for path in (mounted.path / "scratch.tmp", mounted.path / "image" / "c" / "0" / "0"):
+    chunk = mounted.path / "image" / "c" / "0" / "0"
+    for path in (mounted.path / "scratch.tmp", chunk):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, b"written")
             os.unlink(path)
             assert os.pwrite(fd, b"W", 0) == 1
-            assert os.fstat(fd).st_size == 7
+            assert os.fstat(fd).st_size == 7 and os.fstat(fd).st_nlink == 0
             assert os.pread(fd, 7, 0) == b"Written"
+            path.write_bytes(b"another file")  # at the old path, not the open one
             os.ftruncate(fd, 3)
-            assert os.pread(fd, 7, 0) == b"Wri"
+            assert os.pread(fd, 7, 0) == b"Wri" and os.fstat(fd).st_size == 3
+            with open(f"/proc/self/fd/{fd}", "rb") as again:
+                assert again.read() == b"Wri"
+            assert path.read_bytes() == b"another file"
         finally:
             os.close(fd)
+        path.unlink()
         assert not path.exists()
     assert_healthy(mounted)
+    mounted.stop()
+    expected[:8, :8] = 0  # the chunk was removed: the fill value
+    np.testing.assert_array_equal(zarr.open_array(source / "image", mode="r")[...], expected)
+
+
+def test_an_open_file_renamed_over_keeps_its_content(tmp_path: Path, mount) -> None:
+    """zarr writers replace a chunk by renaming a temp file over it; a reader that has the
+    old chunk open goes on reading the old one, and `fstat` describes it, not the new."""
+    source = tmp_path / "src"
+    make_image(source)
+    mounted: Mounted = mount(source)
+    chunk = mounted.path / "image" / "c" / "0" / "1"
+    old = chunk.read_bytes()
+    with open(chunk, "rb") as reader, open(chunk, "r+b") as writer:
+        writer.seek(0, os.SEEK_END)
+        (mounted.path / "image" / "tmp").write_bytes(b"new chunk")
+        os.rename(mounted.path / "image" / "tmp", chunk)
+        assert os.fstat(reader.fileno()).st_size == len(old)
+        assert os.fstat(reader.fileno()).st_nlink == 0
+        assert reader.read() == old
+        writer.write(b"+")  # the replaced file, open for writing, is not stored
+        writer.flush()
+        assert os.fstat(writer.fileno()).st_size == len(old) + 1
+    assert chunk.read_bytes() == b"new chunk"
+    assert_healthy(mounted)
+    mounted.stop()  # commits the new chunk, and only that
+    mounted = mount(source, "ro")
+    assert (mounted.path / "image" / "c" / "0" / "1").read_bytes() == b"new chunk"
+    assert (mounted.path / "image" / "c" / "0" / "0").stat().st_size > 0
 
 
 # -- 3. a state machine: the same operations on a plain directory and through a mount ---------

@@ -167,3 +167,34 @@ def test_a_full_buffer_spills_and_loses_nothing(source: Path) -> None:
     assert not os.listdir(ws.buffer.spool_dir)  # committed blobs free their spool files
     values = zarr.open_array(source / "a", mode="r")[12:16, :]
     assert all((values[:, 4 * j : 4 * j + 4] == 10 + j).all() for j in range(4))
+
+
+def test_an_open_file_outlives_its_path_and_is_never_stored(source: Path) -> None:
+    """Unlinked or renamed over while open: the handle goes on reading, writing and
+    truncating its own bytes; nothing of it reaches the shard or the file now at its path."""
+    ws = workspace(source)
+    directory = ws.resolve("a/c/0")
+    before = [read(ws, "a/c/0/0"), read(ws, "a/c/0/1")]
+    unlinked = ws.open(ws.resolve("a/c/0/0"), os.O_RDWR)
+    assert isinstance(unlinked, Handle)
+    ws.unlink(directory, "0")
+    write_file(ws, "a/c/0/1.tmp", chunk(5))
+    replaced = ws.open(ws.resolve("a/c/0/1"), os.O_RDWR)
+    assert isinstance(replaced, Handle)
+    *_, was_there = ws.rename(directory, "1.tmp", directory, "1", noreplace=False)
+    assert was_there
+    for handle, old in zip((unlinked, replaced), before, strict=True):
+        ws.write(handle, 0, b"x")
+        assert ws.truncate_open(handle, 5).size == 5
+        again = ws.reopen(handle, os.O_RDONLY)
+        assert again.read(0, 100) == b"x" + old[1:5]
+        ws.flush(handle)  # not stored: no error even though 5 bytes is no chunk
+        for h in (handle, again):
+            ws.release(h)
+    assert ws.sync() == 0
+    committed = zarr.open_array(source / "a", mode="r")[:8, :8]
+    expected = np.arange(64, dtype="<u4").reshape(8, 8)
+    expected[:4, :4] = 0  # unlinked: the fill value
+    expected[:4, 4:8] = 5  # the file renamed over the open one
+    np.testing.assert_array_equal(committed, expected)
+    assert ws.rename(directory, "1", directory, "1", noreplace=False)[2] is False

@@ -188,6 +188,10 @@ class Operations(pyfuse3.Operations):
         self.inodes = InodeTable(view.root(), config.inodes)
         self._limiter = trio.CapacityLimiter(config.workers)
         self._handles: dict[int, Reader | Handle] = {}
+        #: the inode of each open file, and the open files of each inode: a file that was
+        #: unlinked or renamed over is known by these alone (see `InodeTable.removed`)
+        self._inode_of: dict[int, int] = {}
+        self._files_of: dict[int, set[int]] = {}
         self._listings: dict[int, Listing] = {}
         self._windows: dict[int, _Window] = {}
         self._next_fh = itertools.count(1)
@@ -215,7 +219,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         return self.workspace
 
-    def _entry(self, ino: int, attr: Attr) -> pyfuse3.EntryAttributes:
+    def _entry(self, ino: int, attr: Attr, removed: bool = False) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = ino
         entry.generation = 0
@@ -226,7 +230,7 @@ class Operations(pyfuse3.Operations):
             entry.st_nlink = 2
         else:
             entry.st_mode = stat.S_IFREG | (0o444 if self.config.read_only else 0o644)
-            entry.st_nlink = 1
+            entry.st_nlink = 0 if removed else 1
         entry.st_size = attr.size
         entry.st_blksize = 65536
         entry.st_blocks = -(-attr.size // 512)
@@ -273,7 +277,16 @@ class Operations(pyfuse3.Operations):
 
     @_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        if self.inodes.removed(inode):
+            return self._entry(inode, self._open_file_of(inode).attr(), removed=True)
         return self._entry(inode, await self._run(self.view.attr, self._node(inode)))
+
+    def _open_file_of(self, inode: int) -> Reader | Handle:
+        """An open file of `inode`, a writable one if there is; ENOENT if none is open."""
+        files = [self._handles[fh] for fh in self._files_of.get(inode, ())]
+        if not files:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return next((f for f in files if isinstance(f, Handle)), files[0])
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, count in inode_list:
@@ -355,20 +368,30 @@ class Operations(pyfuse3.Operations):
 
     # -- data ---------------------------------------------------------------------
 
-    def _open_file(self, handle: Reader | Handle) -> pyfuse3.FileInfo:
+    def _open_file(self, inode: int, handle: Reader | Handle) -> pyfuse3.FileInfo:
         fh = next(self._next_fh)
         self._handles[fh] = handle
+        self._inode_of[fh] = inode
+        self._files_of.setdefault(inode, set()).add(fh)
         # Data of an unchanged read-only source may stay in the page cache across opens.
         return pyfuse3.FileInfo(fh=fh, keep_cache=self.config.read_only, direct_io=False)
 
     @_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if self.inodes.removed(inode):
+            # Opened again through /proc/PID/fd: the same file, not the one at its old path.
+            handle = self._open_file_of(inode)
+            if isinstance(handle, Handle):
+                handle = await self._run(self._writable().reopen, handle, flags)
+            elif flags & _WRITE_FLAGS:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._open_file(inode, handle)
         node = self._node(inode)
         if self.workspace is None:
             if flags & _WRITE_FLAGS:
                 raise ReadOnly("this mount is read-only")
-            return self._open_file(await self._run(self.view.open, node))
-        return self._open_file(await self._run(self.workspace.open, node, flags))
+            return self._open_file(inode, await self._run(self.view.open, node))
+        return self._open_file(inode, await self._run(self.workspace.open, node, flags))
 
     @_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -408,6 +431,11 @@ class Operations(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
+        inode = self._inode_of.pop(fh, None)
+        files = self._files_of.get(inode, set()) if inode is not None else set()
+        files.discard(fh)
+        if not files:
+            self._files_of.pop(inode, None)
         if isinstance(handle, Handle) and self.workspace is not None:
             self.workspace.release(handle)
 
@@ -422,7 +450,8 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EPERM)
         parent = self._node(parent_inode)
         node, attr, handle = await self._run(workspace.create, parent, os.fsdecode(name))
-        return self._open_file(handle), self._reply(node, attr)
+        entry = self._reply(node, attr)
+        return self._open_file(entry.st_ino, handle), entry
 
     @_errors
     async def mkdir(
@@ -459,8 +488,12 @@ class Operations(pyfuse3.Operations):
         old_name, new_name = os.fsdecode(name_old), os.fsdecode(name_new)
         noreplace = bool(flags & pyfuse3.RENAME_NOREPLACE)
 
-        moved = await self._run(workspace.rename, old, old_name, new, new_name, noreplace)
-        self.inodes.move(*moved)
+        was, now, replaced = await self._run(
+            workspace.rename, old, old_name, new, new_name, noreplace
+        )
+        if replaced:
+            self.inodes.unlink(now)  # the file renamed over lives on in its open files
+        self.inodes.move(was, now)
 
     @_errors
     async def link(
@@ -480,14 +513,25 @@ class Operations(pyfuse3.Operations):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
-        node = self._node(inode)
+        workspace = self._writable()
+        removed = self.inodes.removed(inode)
+        # ftruncate names the open file: its path may have been unlinked or renamed over.
+        handle = self._handles.get(fh) if fh is not None else None
+        if handle is None and removed:
+            handle = self._open_file_of(inode)
         if fields.update_size:
-            result = await self._run(self._writable().truncate, node, attr.st_size)
+            if isinstance(handle, Handle):
+                result = await self._run(workspace.truncate_open, handle, attr.st_size)
+            elif removed:
+                raise pyfuse3.FUSEError(errno.ENOENT)  # open for reading only: not ours to cut
+            else:
+                result = await self._run(workspace.truncate, self._node(inode), attr.st_size)
+        elif handle is not None and removed:
+            result = handle.attr()
         else:
             # Modes, owners and times are not stored; the view keeps its own.
-            self._writable()
-            result = await self._run(self.view.attr, node)
-        return self._entry(inode, result)
+            result = await self._run(self.view.attr, self._node(inode))
+        return self._entry(inode, result, removed)
 
     async def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise pyfuse3.FUSEError(errno.EPERM)

@@ -53,6 +53,8 @@ class InodeTable:
         self._claimed: set[int] = set()
         #: entries the kernel was asked to forget (see `over_budget`)
         self._asked: set[int] = set()
+        #: inodes of files unlinked or renamed over: they live on only in open files
+        self._removed: set[int] = set()
 
     def __len__(self) -> int:
         """Entries held (derived numbers that nothing claimed are not entries)."""
@@ -151,6 +153,7 @@ class InodeTable:
         node = self._nodes.pop(ino, None)
         self._claimed.discard(ino)
         self._asked.discard(ino)
+        self._removed.discard(ino)
         if node is not None and self._by_path.get(node.path) == ino:
             del self._by_path[node.path]
 
@@ -177,14 +180,23 @@ class InodeTable:
     # -- changes of a writable mount -------------------------------------------------------
 
     def unlink(self, node: Node) -> None:
-        """The file `node` was removed: a new file at its path gets a new inode, while
-        the old one lives on for the kernel's open handles until it is forgotten."""
-        if self._by_path.pop(node.path, None) is None:
-            derived = self._derived(node)
-            if derived is not None:
-                self._nodes[derived] = node  # claimed, without a path
-                self._claimed.add(derived)
-                self._counts.pop(derived, None)
+        """The file `node` was removed (or renamed over): a new file at its path gets a
+        new inode, while the old one lives on for the kernel's open handles until it is
+        forgotten. Its path no longer speaks for it (see `removed`)."""
+        ino = self._by_path.pop(node.path, None)
+        if ino is None:
+            ino = self._derived(node)
+            if ino is None:
+                return
+            self._nodes[ino] = node  # claimed, without a path
+            self._claimed.add(ino)
+            self._counts.pop(ino, None)
+        self._removed.add(ino)
+
+    def removed(self, ino: int) -> bool:
+        """Whether `ino` is a file that was unlinked or renamed over: only its open files
+        can say what it holds (its path now names another file, or none)."""
+        return ino in self._removed
 
     def move(self, old: Node, new: Node) -> None:
         """The file `old` was renamed to `new`: its inode goes with it."""

@@ -140,6 +140,10 @@ class Reader:
         #: (offset, bytes) read ahead of a partial read on a store with costly requests
         self._ahead: tuple[int, bytes] | None = None
 
+    def attr(self) -> Attr:
+        """The file as opened: what `fstat` shows of it once its path names another file."""
+        return Attr(False, self.size, self._stat.mtime_ns)
+
     def read(self, offset: int, size: int) -> bytes:
         if self._failed is not None:
             raise self._failed

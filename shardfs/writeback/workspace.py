@@ -65,6 +65,10 @@ class Handle:
     def read(self, offset: int, size: int) -> bytes:
         return self.entry.blob.read(offset, size)
 
+    def attr(self) -> Attr:
+        """The open file as it is now, wherever (or whether) it is in the view."""
+        return Attr(False, self.entry.blob.size, self.entry.blob.mtime_ns)
+
 
 class Workspace:
     def __init__(
@@ -243,16 +247,16 @@ class Workspace:
 
     def rename(
         self, parent: Node, name: str, new_parent: Node, new_name: str, noreplace: bool
-    ) -> tuple[Node, Node]:
-        """Move a file; returns the nodes it was and is."""
+    ) -> tuple[Node, Node, bool]:
+        """Move a file; returns the nodes it was and is, and whether it replaced a file."""
         with self._locked():
             node = self.lookup(parent, name)
             if node.is_dir:
                 raise CannotMove(f"{node.path}: directories cannot be renamed in the view")
             target, kind, shard = self._classify(new_parent, new_name)
             if target.path == node.path:
-                return node, node
-            self._check_target(new_parent, new_name, replace=not noreplace)
+                return node, node, False
+            replacing = self._check_target(new_parent, new_name, replace=not noreplace)
             pinned = self._pin(node.path)
             try:
                 if isinstance(pinned, Buffered):
@@ -281,7 +285,7 @@ class Workspace:
             finally:
                 if isinstance(pinned, Buffered):
                     self._unpin(pinned)
-            return node, target
+            return node, target, replacing
 
     def link(self, node: Node, new_parent: Node, new_name: str) -> tuple[Node, Attr]:
         with self._locked():
@@ -316,11 +320,29 @@ class Workspace:
             if entry is None:
                 entry = self._copy_up(self._fresh_leaf(node), keep=size > 0, handles=1)
             try:
-                entry.blob.truncate(size)
-                self.overlay.mark(entry)
+                self._truncate(entry, size)
             finally:
                 self._unpin(entry)
             return self.attr(node)
+
+    def reopen(self, handle: Handle, flags: int) -> Handle:
+        """Another handle on the file of `handle`, wherever (or whether) it is in the view."""
+        with self._locked():
+            with self.overlay.lock:
+                handle.entry.handles += 1
+            if flags & os.O_TRUNC:
+                self._truncate(handle.entry, 0)
+            return Handle(handle.entry)
+
+    def truncate_open(self, handle: Handle, size: int) -> Attr:
+        """`ftruncate`: the open file, even if its path was unlinked or now names another."""
+        with self._locked():
+            self._truncate(handle.entry, size)
+            return handle.attr()
+
+    def _truncate(self, entry: Buffered, size: int) -> None:
+        entry.blob.truncate(size)
+        self.overlay.mark(entry)  # nothing if the entry left the view
 
     # -- open files ---------------------------------------------------------------------
 
@@ -340,6 +362,8 @@ class Workspace:
                     self._store_metadata(node, entry.blob.getvalue())
                     entry.committed = generation
         elif entry.kind is Kind.CHUNK and entry.shard is not None:
+            if self.overlay.entry(entry.path) is not entry:
+                return  # unlinked or renamed over while open: it will not be stored
             array = self.ns.array_at(entry.shard[0])
             if array is not None:
                 self._check_chunk(array, entry.path, entry.blob.size)
@@ -421,15 +445,17 @@ class Workspace:
             return False
         return True
 
-    def _check_target(self, parent: Node, name: str, replace: bool) -> None:
+    def _check_target(self, parent: Node, name: str, replace: bool) -> bool:
+        """Whether a file is at `name` to be replaced; an error if it may not be."""
         try:
             existing = self.lookup(parent, name)
         except NotFound:
-            return
+            return False
         if not replace:
             raise AlreadyExists(existing.path)
         if existing.is_dir:
             raise IsADirectory(existing.path)
+        return True
 
     def _classify(self, parent: Node, name: str) -> tuple[Node, Kind, ShardRef | None]:
         """What a file written at `name` in `parent` is, and where it will be stored."""
