@@ -106,6 +106,43 @@ def test_lookup_errors(source: tuple[Path, dict[str, np.ndarray]]) -> None:
         ns.open(ns.resolve("nested/sharded/c/0"))
 
 
+def test_entry_is_lookup_and_attr_with_one_stat_per_object(
+    source: tuple[Path, dict[str, np.ndarray]],
+) -> None:
+    """`entry` answers what `lookup` + `attr` answer, for every kind of node, and a chunk's
+    costs one stat of its metadata and one of its shard (as does `lookup` alone)."""
+    root, _ = source
+    storage = LocalStorage(root)
+    ns = Namespace(storage)
+    stats: list[str] = []
+    stat = storage.stat
+    storage.stat = lambda key: stats.append(key) or stat(key)  # type: ignore[method-assign]
+    for path in [
+        "nested",
+        "nested/zarr.json",
+        "nested/sharded/c/0",
+        "nested/sharded/c/3/7",
+        "nested/sharded/README.txt",
+        "flat/4.4.3",
+        "plain/c/3",
+        "plain",
+    ]:
+        parent_path, _, name = path.rpartition("/")
+        parent = ns.resolve(parent_path)
+        node = ns.lookup(parent, name)
+        assert ns.entry(parent, name) == (node, ns.attr(node)), path
+        if node.role is Role.CHUNK:
+            stats.clear()
+            ns.entry(parent, name)
+            assert sorted(stats) == sorted(
+                [f"{parent.array.key}/zarr.json", ns.locate(parent.array, node.coords)[0]]
+            ), stats
+    for missing in ["nested/sharded/c/5", "nested/sharded/c/0/8", "flat/0.0"]:
+        parent_path, _, name = missing.rpartition("/")
+        with pytest.raises(NotFound):
+            ns.entry(ns.resolve(parent_path), name)
+
+
 def test_sparse_array_has_no_files_for_empty_chunks(tmp_path: Path) -> None:
     root = tmp_path / "sparse"
     a = zarr.create_array(root, shape=(16, 16), dtype="uint8", shards=(8, 8), chunks=(2, 2))

@@ -14,6 +14,7 @@ bytes are exactly the stored inner chunk's bytes.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -100,17 +101,18 @@ class ShardedLayout:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
+    # Cached: asked on every lookup, open and read of a chunk (the layout is immutable).
+    @functools.cached_property
     def chunks_per_shard(self) -> tuple[int, ...]:
         """View chunks per shard along each array axis."""
         return tuple(s // c for s, c in zip(self.shard_shape, self.chunk_shape, strict=True))
 
-    @property
+    @functools.cached_property
     def grid(self) -> tuple[int, ...]:
         """Number of view chunks along each axis (covering the array)."""
         return tuple(-(-n // c) for n, c in zip(self.shape, self.chunk_shape, strict=True))
 
-    @property
+    @functools.cached_property
     def shard_grid(self) -> tuple[int, ...]:
         """Number of shards along each axis."""
         return tuple(-(-n // s) for n, s in zip(self.shape, self.shard_shape, strict=True))

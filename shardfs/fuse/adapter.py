@@ -254,10 +254,6 @@ class Operations(pyfuse3.Operations):
         for parent, name in names:
             pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
 
-    def _lookup_sync(self, parent: Node, name: str) -> tuple[Node, Attr]:
-        node = self.view.lookup(parent, name)
-        return node, self.view.attr(node)
-
     # -- namespace ----------------------------------------------------------------
 
     @_errors
@@ -272,7 +268,7 @@ class Operations(pyfuse3.Operations):
             node = await self._run(self.view.resolve, parent.path.rpartition("/")[0])
             attr = await self._run(self.view.attr, node)
         else:
-            node, attr = await self._run(self._lookup_sync, parent, text)
+            node, attr = await self._run(self.view.entry, parent, text)
         return self._reply(node, attr)
 
     @_errors

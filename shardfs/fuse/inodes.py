@@ -83,7 +83,9 @@ class InodeTable:
         slot = self._slot(node.array)
         if slot is None:
             return None
-        index = int(np.ravel_multi_index(node.coords, node.array.layout.grid)) if node.coords else 0
+        index = 0
+        for coord, size in zip(node.coords, node.array.layout.grid, strict=True):
+            index = index * size + coord  # C order, as np.ravel_multi_index (slow for one)
         return (slot + 1) << SHIFT | index
 
     def run_inodes(self, run: ChunkRun, start: int, stop: int) -> list[int] | None:

@@ -31,6 +31,8 @@ _FALLBACK_TEMP = ".shardfs-tmp."
 
 def _is_private(key: str) -> bool:
     """Whether `key` is in the private area or a fallback temp file, which readers must not see."""
+    if journal.PRIVATE not in key and _FALLBACK_TEMP not in key:
+        return False  # almost every key: asked on every stat and read
     parts = [p for p in key.split("/") if p not in ("", ".")]
     return bool(parts) and (parts[0] == journal.PRIVATE or parts[-1].startswith(_FALLBACK_TEMP))
 

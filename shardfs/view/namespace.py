@@ -239,6 +239,14 @@ class Resolves(ABC):
     @abstractmethod
     def lookup(self, parent: Node, name: str) -> Node: ...
 
+    @abstractmethod
+    def attr(self, node: Node) -> Attr: ...
+
+    def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
+        """`lookup` and `attr` in one step, as a FUSE lookup wants them."""
+        node = self.lookup(parent, name)
+        return node, self.attr(node)
+
     def resolve(self, path: str) -> Node:
         """The node at a `/`-separated view path ("" is the root)."""
         node = self.root()
@@ -292,6 +300,21 @@ class Namespace(Resolves):
         return self.dir_node("")
 
     def lookup(self, parent: Node, name: str) -> Node:
+        node = self._lookup(parent, name)
+        if node.role is Role.CHUNK:
+            self.locate(node.array, node.coords)  # it exists only if its shard's index has it
+        return node
+
+    def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
+        """`lookup` and `attr` in one step. A chunk's attributes come from the index that
+        finds it: one stat of its metadata and of its shard, not two."""
+        node = self._lookup(parent, name)
+        if node.role is Role.CHUNK:
+            return node, self._chunk_attr(node.array, node.coords)
+        return node, self.attr(node)
+
+    def _lookup(self, parent: Node, name: str) -> Node:
+        """The node `name` in `parent` names, with fresh metadata; a chunk not yet located."""
         path = entry_path(parent, name)
         if parent.role is Role.DIR:
             return self._source_node(path)
@@ -319,9 +342,7 @@ class Namespace(Resolves):
         node = self.key_node(Node(parent.path, parent.role, meta, parent.coords), name)
         if node is None:
             raise NotFound(path)
-        if node.role is Role.CHUNK:
-            self.locate(meta, node.coords)
-        elif not self._chunk_dir_exists(meta, node.coords):
+        if node.role is Role.CHUNK_DIR and not self._chunk_dir_exists(meta, node.coords):
             raise NotFound(path)
         return node
 
@@ -620,8 +641,11 @@ class Namespace(Resolves):
             data, mtime_ns = self._document(meta, node.name)
             return Attr(False, len(data), mtime_ns)
         assert isinstance(meta, ArrayView)
-        _, table, _, nbytes = self.locate(meta, node.coords)
-        return Attr(False, meta.served_size(nbytes), table.stat.mtime_ns)
+        return self._chunk_attr(meta, node.coords)
+
+    def _chunk_attr(self, array: ArrayView, coords: tuple[int, ...]) -> Attr:
+        _, table, _, nbytes = self.locate(array, coords)
+        return Attr(False, array.served_size(nbytes), table.stat.mtime_ns)
 
     def _backing_key(self, node: Node) -> str:
         """The source key whose stat stands for a directory or passthrough node."""

@@ -129,6 +129,20 @@ class Workspace:
                 raise
             return self._dir_in(parent, name)
 
+    def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
+        """`lookup` and `attr` in one step; in one step of the namespace for a file only
+        the source holds (see `Namespace.entry`)."""
+        current = self.current(parent)
+        path = join(current.path, name)
+        if self.overlay.entry(path) is None:
+            try:
+                return self.ns.entry(current, name)
+            except NotFound:
+                if not self._virtual(path):
+                    raise
+        node = self.lookup(parent, name)
+        return node, self.attr(node)
+
     def attr(self, node: Node) -> Attr:
         entry = self.overlay.entry(node.path)
         if isinstance(entry, Buffered):
