@@ -38,7 +38,7 @@ from pathlib import Path
 
 import trio
 from common import Interrupts, machine
-from concurrency import ARRAY, CLOCK_TICK, SHARD, Dataset, Mounts, chunk_key
+from concurrency import ARRAY, SHARD, Dataset, Mounts, chunk_key, cpu_split
 
 from shardfs.fuse.adapter import MountConfig, Operations
 from shardfs.storage import LocalStorage
@@ -87,13 +87,6 @@ def adapter(dataset: Dataset, picks: list[int]) -> float:
         return time.process_time() - cpu
 
     return trio.run(main)
-
-
-def cpu_split(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of a process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return int(fields[11]) / CLOCK_TICK, int(fields[12]) / CLOCK_TICK
 
 
 def mount(mounts: Mounts, picks: list[int]) -> tuple[float, float]:

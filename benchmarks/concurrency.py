@@ -267,11 +267,16 @@ def read_chunks(
         raise
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process used so far, from /proc."""
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds a process used so far, from /proc."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+    return int(fields[11]) / CLOCK_TICK, int(fields[12]) / CLOCK_TICK
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process used so far."""
+    return sum(cpu_split(pid))
 
 
 def thread_sched(pid: int) -> tuple[float, float]:
