@@ -56,6 +56,7 @@ from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, View
 from shardfs.writeback import Handle, Workspace, WriteBuffer
 from tests.conftest import Mounted, start_mount, stop_mount
+from tests.test_workspace import write_file as ws_write
 
 pytestmark = [
     pytest.mark.fuse,
@@ -921,14 +922,6 @@ def workspace(tmp_path: Path) -> tuple[Path, Workspace]:
     group.create_array("a", shape=(8, 8), chunks=(4, 4), shards=(8, 8), dtype="uint8")[:] = 1
     namespace = Namespace(LocalStorage(str(root)), view=View.V3, serve_plain=True)
     return root, Workspace(namespace, WriteBuffer(1 << 20, str(tmp_path / "spool")))
-
-
-def ws_write(ws: Workspace, path: str, data: bytes) -> None:
-    parent, _, name = path.rpartition("/")
-    _, _, handle = ws.create(ws.resolve(parent), name)
-    ws.write(handle, 0, data)
-    ws.flush(handle)
-    ws.release(handle)
 
 
 def ws_read(ws: Workspace, path: str) -> bytes | None:
