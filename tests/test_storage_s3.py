@@ -8,9 +8,14 @@ short requests, and clean-up of uploads that writers left behind.
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
+import time
 from datetime import timedelta
+from typing import Any
 
+import botocore.exceptions
 import pytest
 
 from shardfs.errors import (
@@ -23,7 +28,7 @@ from shardfs.errors import (
 )
 from shardfs.storage.base import ABSENT
 from shardfs.storage.blocking import WouldBlock, nonblocking
-from shardfs.storage.s3 import MIN_PART, S3Config, S3Storage, parse_url
+from shardfs.storage.s3 import MIN_PART, PROBE_DIR, S3Config, S3Storage, parse_url
 from tests.s3 import S3Env
 
 
@@ -141,6 +146,181 @@ def test_conditional_put_and_delete(s3: S3Env) -> None:
     assert "root/d/k" not in s3.keys("root/")
     with pytest.raises(NotFound):
         st.delete("d/k", ABSENT)
+
+
+def ignore_if_match_on_delete(st: S3Storage) -> None:
+    """Make `st`'s store behave like one that ignores If-Match on DeleteObject (as MinIO
+    does): the header is taken off every DeleteObject before it is signed and sent."""
+
+    def strip(request: Any, **_kwargs: Any) -> None:
+        if "If-Match" in request.headers:
+            del request.headers["If-Match"]
+
+    st._s3.meta.events.register("before-sign.s3.DeleteObject", strip)
+
+
+def probe_key(key: str) -> str:
+    """`key`, which must be one of a delete probe's objects."""
+    assert re.fullmatch(f"root/{re.escape(PROBE_DIR)}/delete-probe-[0-9a-f]{{32}}", key), key
+    return key
+
+
+@pytest.mark.parametrize("honoured", [True, False], ids=["if-match-honoured", "if-match-ignored"])
+def test_a_stale_delete_changes_nothing(s3: S3Env, honoured: bool) -> None:
+    st = storage(s3)
+    if not honoured:
+        ignore_if_match_on_delete(st)
+    ours = st.put("a/shard", [b"ours"], ABSENT)
+    s3.put("root/a/shard", b"theirs")  # another writer replaces it
+    with pytest.raises(SourceChanged):
+        st.delete("a/shard", ours.version)
+    assert st._deletes_conditional is honoured
+    assert s3.get("root/a/shard") == b"theirs"
+    theirs = st.stat("a/shard")  # the refusal dropped the cached entry
+    assert theirs is not None and theirs.size == 6
+    s3.admin.delete_object(Bucket=s3.bucket, Key="root/a/shard")  # and another removes it
+    with pytest.raises(SourceChanged):
+        st.delete("a/shard", theirs.version)
+    s3.put("root/a/shard", b"theirs")  # same bytes, same ETag: still the version we know
+    st.delete("a/shard", theirs.version)
+    assert s3.keys("root/") == {} and st.stat("a/shard") is None
+
+
+def test_moto_honours_if_match_on_delete(s3: S3Env) -> None:
+    """What the delete probe relies on, as moto's server (5.2.5) answers it."""
+    c = s3.client(retries={"total_max_attempts": 1})
+    etag = s3.put("k", b"v")
+    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
+        c.delete_object(Bucket=s3.bucket, Key="k", IfMatch='"' + "0" * 32 + '"')
+    assert excinfo.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    assert s3.get("k") == b"v"
+    c.delete_object(Bucket=s3.bucket, Key="k", IfMatch=etag)
+    assert s3.keys() == {}
+    with pytest.raises(botocore.exceptions.ClientError) as excinfo:
+        c.delete_object(Bucket=s3.bucket, Key="k", IfMatch=etag)
+    assert excinfo.value.response["Error"]["Code"] == "NoSuchKey"
+
+
+def test_the_delete_probe_runs_once_and_leaves_nothing(s3: S3Env) -> None:
+    st = storage(s3)
+    s3.put("root/a", b"a")
+    s3.put("root/b", b"b")
+    assert st.read("a", 0, 1, st.stat("a").version) == b"a"  # type: ignore[union-attr]
+    assert st.put("c", [b"c"], ABSENT) is not None
+    assert st._deletes_conditional is None, "no probe before the first delete"
+    assert s3.proxy.counts()["DELETE"] == 0
+    s3.proxy.reset_counts()
+    st.delete("a", st.stat("a").version)  # type: ignore[union-attr]
+    # The probe: PUT, DELETE with a wrong ETag (412), HEAD, DELETE with its ETag, HEAD.
+    assert s3.proxy.counts() == {"PUT": 1, "DELETE": 3, "HEAD": 2}
+    deadline = time.monotonic() + 10
+    while True:  # the proxy logs a request just after answering it: the PUT of c may come late
+        log = [entry for entry in s3.proxy.log() if entry[1] != "root/c"]
+        if len(log) >= 6 or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    log.sort(key=lambda entry: entry[1] == "root/a")
+    assert [(method, status) for method, _, _, status in log] == [
+        ("PUT", 200),
+        ("DELETE", 412),
+        ("HEAD", 200),
+        ("DELETE", 204),
+        ("HEAD", 404),
+        ("DELETE", 204),
+    ]
+    assert {key for _, key, _, _ in log[:5]} == {probe_key(log[0][1])}
+    assert st._deletes_conditional is True
+    s3.proxy.reset_counts()
+    st.delete("b", st.stat("b").version)  # type: ignore[union-attr]
+    assert s3.proxy.counts() == {"DELETE": 1}, "one DeleteObject with If-Match, no more probes"
+    assert set(s3.keys("root/")) == {"root/c"}
+    assert [e.name for e in st.list("")] == ["c"]
+
+
+def test_deletes_where_the_store_ignores_if_match(
+    s3: S3Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    st = storage(s3)
+    ignore_if_match_on_delete(st)
+    first = st.put("k", [b"one"], ABSENT)
+    with caplog.at_level(logging.WARNING, logger="shardfs"):
+        st.delete("k", first.version)
+    assert st._deletes_conditional is False
+    assert "does not honour If-Match on DeleteObject" in caplog.text
+    assert "deleted although If-Match named another ETag" in caplog.text
+    assert s3.keys("root/") == {}, "the probe object is gone too"
+    second = st.put("k", [b"two"], ABSENT)
+    s3.proxy.reset_counts()
+    st.delete("k", second.version)
+    assert s3.proxy.counts() == {"HEAD": 1, "DELETE": 1}, "a HEAD checks the ETag first"
+    assert s3.keys("root/") == {}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="shardfs"):
+        st.put("k", [b"three"], ABSENT)
+        st.delete("k", st.stat("k").version)  # type: ignore[union-attr]
+    assert caplog.text == "", "the warning is given once"
+
+
+def test_ignored_if_match_leaves_one_round_trip_unguarded(s3: S3Env) -> None:
+    """The documented limit of the fallback: a version stored between its HEAD and its
+    DELETE is deleted. (Where the store honours If-Match, the same race is refused.)"""
+    for honoured in (True, False):
+        st = storage(s3)
+        if not honoured:
+            ignore_if_match_on_delete(st)
+        st._deletes_conditional = honoured  # as the probe would find
+        ours = st.put("k", [b"ours"], ABSENT)
+        rule = s3.proxy.before(
+            lambda _request: s3.put("root/k", b"theirs"), method="DELETE", key="root/k"
+        )
+        if honoured:
+            with pytest.raises(SourceChanged):
+                st.delete("k", ours.version)
+            assert s3.get("root/k") == b"theirs"
+            s3.admin.delete_object(Bucket=s3.bucket, Key="root/k")
+        else:
+            st.delete("k", ours.version)
+            assert s3.keys("root/") == {}, "their version was lost"
+        assert rule.hits == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "count", "why"),
+    [
+        (501, "NotImplemented", 1, "DeleteObject with If-Match answered NotImplemented"),
+        (412, "PreconditionFailed", 2, "naming its own ETag answered PreconditionFailed"),
+        (403, "AccessDenied", 1, "DeleteObject with If-Match answered AccessDenied"),
+    ],
+    ids=["501", "always-412", "403"],
+)
+def test_a_store_that_refuses_conditional_deletes(
+    s3: S3Env, caplog: pytest.LogCaptureFixture, status: int, code: str, count: int, why: str
+) -> None:
+    """A store may answer If-Match on DeleteObject with an error rather than ignore it (AWS
+    general-purpose buckets answered 501 before September 2025): deletes then go without it."""
+    st = storage(s3)
+    first = st.put("k", [b"one"], ABSENT)
+    s3.proxy.fail(status, code=code, method="DELETE", key="delete-probe-", count=count)
+    with caplog.at_level(logging.WARNING, logger="shardfs"):
+        st.delete("k", first.version)
+    assert st._deletes_conditional is False
+    assert why in caplog.text
+    assert s3.keys("root/") == {}, "the object and the probe's are gone"
+
+
+def test_a_probe_that_fails_for_now_is_tried_again(s3: S3Env) -> None:
+    st = storage(s3, attempts=2)
+    first = st.put("k", [b"one"], ABSENT)
+    rule = s3.proxy.fail(503, method="PUT", key="delete-probe-", count=None)
+    with pytest.raises(StorageError) as error:
+        st.delete("k", first.version)
+    assert "SlowDown" in str(error.value)
+    rule.remaining = 0  # the store is well again
+    assert st._deletes_conditional is None, "the question stays open"
+    assert s3.get("root/k") == b"one"
+    st.delete("k", first.version)
+    assert st._deletes_conditional is True
+    assert s3.keys("root/") == {}
 
 
 def test_only_one_of_racing_creators_wins(s3: S3Env) -> None:

@@ -17,6 +17,16 @@ object). S3 cannot append, so `append` makes a new version of the object: a
 small one is read and written back whole; a big one is a multipart upload
 whose first parts are server-side copies of the object (UploadPartCopy,
 nothing downloaded) and whose last part is the appended bytes.
+
+A delete is conditional (`If-Match`) only where the store is seen to honour
+that: not all do (MinIO deletes whatever the ETag named; AWS general-purpose
+buckets answered 501 before September 2025), and a store that ignores it
+would delete a version another writer just stored. The first delete of a
+storage tries it out on a private object of its own (see
+`_probe_conditional_delete`); where the store fails, a delete HEADs the
+object (with `If-Match`) and deletes it unconditionally only if it is still
+the expected version, which leaves one round trip in which another writer's
+new version would be lost.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -63,6 +74,11 @@ BODY_ATTEMPTS = 4
 
 _DIR_VERSION = "directory"
 _PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_FAILED_PRECONDITION = {"PreconditionFailed", "412"}
+#: Where the delete probe puts its object, below the prefix (`.shardfs/` is not used otherwise).
+PROBE_DIR = ".shardfs"
+#: The ETag the delete probe names to be refused: not its object's (the MD5 of its body).
+_WRONG_ETAG = '"' + "0" * 32 + '"'
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
 
@@ -160,6 +176,12 @@ def _code(error: botocore.exceptions.ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
 
+def _transient(error: botocore.exceptions.ClientError) -> bool:
+    """Whether an error may pass if asked again: a 5xx, but 501 NotImplemented."""
+    status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+    return isinstance(status, int) and status >= 500 and status != 501
+
+
 def _mtime_ns(when: datetime | None = None) -> int:
     """Whole seconds, as S3 reports them, so our own writes show what a listing shows later."""
     seconds = int(when.timestamp()) if when is not None else int(time.time())
@@ -191,6 +213,9 @@ class S3Storage(Storage):
         except botocore.exceptions.BotoCoreError as e:
             raise UsageError(f"s3://{bucket}: {e}") from None
         self._cache = _MetadataCache(config.listing_cache, config.metadata_ttl)
+        #: Whether DeleteObject honours If-Match here (None: not found out yet; see `delete`).
+        self._deletes_conditional: bool | None = None
+        self._probe_lock = threading.Lock()
         #: Directories have no mtime in S3: they show the time the source was opened.
         self._dir_stat = Stat(True, 0, time.time_ns(), _DIR_VERSION)
 
@@ -490,9 +515,134 @@ class S3Storage(Storage):
             if self._head(key) is None:
                 raise NotFound(key)
             raise SourceChanged(f"{self.describe(key)} exists")
-        request = {"Bucket": self.bucket, "Key": self._object(key), "IfMatch": expect}
-        self._call("write", key, lambda: self._s3.delete_object(**request), expect)
+        if self._conditional_delete():
+            request = {"Bucket": self.bucket, "Key": self._object(key), "IfMatch": expect}
+            self._call("write", key, lambda: self._s3.delete_object(**request), expect)
+        else:
+            self._checked_delete(key, expect)
         self._wrote(key, None)
+
+    def _checked_delete(self, key: str, expect: Hashable) -> None:
+        """Delete `key` on a store that does not honour If-Match on DeleteObject.
+
+        A HEAD (with If-Match, and its ETag compared too) checks that the object
+        is still version `expect`, then an unconditional DELETE removes it. Not
+        atomic: a version another writer stores between the two is deleted.
+        """
+        current = self._head_version(key, expect)
+        if str(current.version).strip('"') != str(expect).strip('"'):  # If-Match ignored too
+            self._forget(key)
+            raise SourceChanged(f"{self.describe(key)} changed")
+        request = {"Bucket": self.bucket, "Key": self._object(key)}
+        self._call("write", key, lambda: self._s3.delete_object(**request))
+
+    def _conditional_delete(self) -> bool:
+        """Whether a DeleteObject with If-Match is safe here: found out once, at the first
+        delete (so never on a read-only mount, which deletes nothing)."""
+        with self._probe_lock:
+            if self._deletes_conditional is None:
+                self._deletes_conditional = self._probe_conditional_delete()
+            return self._deletes_conditional
+
+    def _probe_conditional_delete(self) -> bool:
+        """Try If-Match on DeleteObject out on an object of our own, `.shardfs/delete-probe-<random>`.
+
+        Put it (If-None-Match: *); delete it naming a wrong ETag, which must
+        answer 412 and leave it; delete it naming its own ETag, which must
+        remove it. Anything else (deleted anyway, an error such as 501
+        NotImplemented for the header, the probe object refused) means deletes
+        cannot rely on If-Match: logged once, and False. The probe object is
+        removed in any case. Failures that may pass (network, 5xx; after
+        botocore's retries) raise StorageError and leave the question open for
+        the next delete.
+        """
+        key = f"{PROBE_DIR}/delete-probe-{uuid.uuid4().hex}"
+        target = {"Bucket": self.bucket, "Key": self._object(key)}
+        where = self.describe(key)
+        body = b"shardfs delete probe"
+        try:
+            try:
+                etag = self._s3.put_object(**target, Body=body, IfNoneMatch="*")["ETag"]
+            except botocore.exceptions.ClientError as e:
+                if _transient(e):
+                    raise
+                return self._untrusted(f"could not put {where} to try it out: {_code(e)}")
+            why: str | None = "the probe was cut short"
+            try:
+                why = self._judge_delete(target, etag)
+            finally:
+                if why is not None:  # else the probe deleted it itself
+                    self._remove_probe(target, where)
+                self._forget_probe(key)
+        except botocore.exceptions.ClientError as e:
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
+            raise StorageError(
+                f"{where}: trying out conditional deletes failed: {_code(e) or status}"
+            ) from None
+        except botocore.exceptions.BotoCoreError as e:
+            raise StorageError(f"{where}: trying out conditional deletes failed: {e}") from None
+        if why is not None:
+            return self._untrusted(f"{where}: {why}")
+        log.debug("s3://%s: DeleteObject honours If-Match", self.bucket)
+        return True
+
+    def _judge_delete(self, target: dict[str, str], etag: str) -> str | None:
+        """Why DeleteObject's If-Match cannot be relied on, from the probe object `target`
+        (version `etag`); None if it was refused with a wrong ETag and obeyed with the right one.
+        Raises what the store answered if that may pass (5xx but 501, after botocore's retries)."""
+        try:
+            self._s3.delete_object(**target, IfMatch=_WRONG_ETAG)
+            return "deleted although If-Match named another ETag"
+        except botocore.exceptions.ClientError as e:
+            if _transient(e):
+                raise
+            if _code(e) not in _FAILED_PRECONDITION:
+                return f"DeleteObject with If-Match answered {_code(e)}"
+        if self._probe_etag(target) != etag:
+            return "changed or gone after a DeleteObject that answered 412"
+        try:
+            self._s3.delete_object(**target, IfMatch=etag)
+        except botocore.exceptions.ClientError as e:
+            if _transient(e):
+                raise
+            return f"DeleteObject with If-Match naming its own ETag answered {_code(e)}"
+        if self._probe_etag(target) is not None:
+            return "still there after a DeleteObject with If-Match naming its own ETag"
+        return None
+
+    def _probe_etag(self, target: dict[str, str]) -> str | None:
+        """The probe object's ETag, or None once it is gone."""
+        try:
+            return str(self._s3.head_object(**target)["ETag"])
+        except botocore.exceptions.ClientError as e:
+            if _code(e) in _MISSING:
+                return None
+            raise
+
+    def _forget_probe(self, key: str) -> None:
+        """Drop what a listing of ours taken during the probe may have cached of its object."""
+        root = self._cache.get("list", "")
+        if root is not None and PROBE_DIR in root.entries:
+            self._cache.drop("list", "")
+        self._cache.drop("list", PROBE_DIR)
+        self._cache.drop("stat", PROBE_DIR)
+        self._cache.drop("stat", key)
+
+    def _remove_probe(self, target: dict[str, str], where: str) -> None:
+        try:
+            self._s3.delete_object(**target)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            log.warning("%s: could not remove this probe object (remove it by hand): %s", where, e)
+
+    def _untrusted(self, why: str) -> bool:
+        log.warning(
+            "s3://%s: the store does not honour If-Match on DeleteObject (%s); each delete "
+            "checks the object's ETag with a HEAD just before deleting it, and a new version "
+            "stored by another writer in between would be lost",
+            self.bucket,
+            why,
+        )
+        return False
 
     def makedirs(self, key: str) -> None:
         """Nothing to do: a directory exists while some object lies below it."""
