@@ -496,8 +496,9 @@ def test_gzip_trailers_are_read_together_where_requests_cost(main_volume: Writte
 
 
 def test_changes_behind_the_view(main_volume: Written, tmp_path: Path) -> None:
-    """An open chunk carries on over a shard replaced by the same bytes and fails once
-    it is gone; a changed info is followed, and an invalid one shows the source as is."""
+    """An open chunk reads the shard it was opened on, also once that shard is renamed
+    over or removed, and fails once its shard is changed in place; a changed info is
+    followed, and an invalid one shows the source as is."""
     source = copy(main_volume, tmp_path)
     namespace = PrecomputedNamespace(LocalStorage(source))
     name = sorted(MAIN.scales[1].chunk_names())[0]
@@ -512,7 +513,13 @@ def test_changes_behind_the_view(main_volume: Written, tmp_path: Path) -> None:
     reader = namespace.open(namespace.resolve(f"s1/{name}"))
     for shard in shards:
         shard.unlink()
-    with pytest.raises(StorageError, match="removed while"):
+    assert reader.read(0, len(expected)) == expected
+    for shard in shards:
+        shutil.copyfile(main_volume.source / "s1" / shard.name, shard)
+    reader = namespace.open(namespace.resolve(f"s1/{name}"))
+    for shard in shards:  # the same bytes again, but written in place: nothing proves it
+        shard.write_bytes(shard.read_bytes())
+    with pytest.raises(StorageError, match="rewritten while"):
         reader.read(0, len(expected))
 
     info = json.loads((source / "info").read_text())

@@ -15,7 +15,8 @@ import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from shardfs.errors import CorruptData, IsADirectory, NotADirectory, NotFound
-from shardfs.storage import LocalStorage
+from shardfs.storage import LocalStorage, Stat
+from shardfs.storage.base import Pin
 from shardfs.view import Namespace, Node, Role, View
 from tests.zarr2 import Zarr2
 
@@ -179,6 +180,9 @@ class CountingStorage(LocalStorage):
             self.reads += 1
         time.sleep(self.delay)
         return super().read(key, offset, length, version)
+
+    def pin(self, key: str, stat: Stat) -> Pin:
+        return Pin(self, key, stat)  # reads by name, so they are counted
 
 
 def test_concurrent_lookups_share_one_index_read(

@@ -12,6 +12,7 @@ import pytest
 
 from shardfs.formats.shard_index import EMPTY
 from shardfs.storage import LocalStorage, Stat
+from shardfs.storage.base import Pin
 from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.view.readahead import HasExtents, ReadAhead
 
@@ -62,7 +63,7 @@ def test_a_walk_costs_two_reads_and_chunks_come_back_exact(tmp_path: Path) -> No
     order = [4, 5, 3, 6, 0, 1, 2, 7, 8, 9]  # concurrent readers do not ask in order
     for i in order:
         offset, size = entries[i]
-        assert ahead.read("s", table, offset, size) == bytes([i]) * size
+        assert ahead.read(Pin(storage, "s", table.stat), table, offset, size) == bytes([i]) * size
     # The first read takes 1 MiB around chunk 4; the second, the rest of the shard.
     assert len(storage.reads) == 2, storage.reads
     assert storage.reads[0][1] <= 1 << 20
@@ -71,40 +72,42 @@ def test_a_walk_costs_two_reads_and_chunks_come_back_exact(tmp_path: Path) -> No
 def test_a_single_read_fetches_little(tmp_path: Path) -> None:
     storage, table, entries = shard(tmp_path, [300 * KIB] * 10)
     ahead = ReadAhead(storage, 64 << 20)
-    ahead.read("s", table, *entries[0])
+    ahead.read(Pin(storage, "s", table.stat), table, *entries[0])
     assert storage.reads == [(0, 900 * KIB)]
 
 
 def test_big_gaps_are_not_read_over(tmp_path: Path) -> None:
     storage, table, entries = shard(tmp_path, [100 * KIB] * 4, gaps={2: 2 << 20})
     ahead = ReadAhead(storage, 64 << 20)
-    ahead.read("s", table, *entries[0])
-    ahead.read("s", table, *entries[1])
-    assert ahead.read("s", table, *entries[2]) == bytes([2]) * 100 * KIB
+    ahead.read(Pin(storage, "s", table.stat), table, *entries[0])
+    ahead.read(Pin(storage, "s", table.stat), table, *entries[1])
+    assert ahead.read(Pin(storage, "s", table.stat), table, *entries[2]) == bytes([2]) * 100 * KIB
     assert storage.reads == [(0, 200 * KIB), (entries[2][0], 200 * KIB)]
 
 
 def test_cached_reads_need_no_blocking_and_misses_say_so(tmp_path: Path) -> None:
     storage, table, entries = shard(tmp_path, [100 * KIB] * 3)
     ahead = ReadAhead(storage, 64 << 20)
-    ahead.read("s", table, *entries[0])
+    ahead.read(Pin(storage, "s", table.stat), table, *entries[0])
     with nonblocking():
-        assert ahead.read("s", table, *entries[1]) == bytes([1]) * 100 * KIB
+        assert (
+            ahead.read(Pin(storage, "s", table.stat), table, *entries[1]) == bytes([1]) * 100 * KIB
+        )
         ahead.cache.discard(("s", table.stat.version, *entries[2]))
         with pytest.raises(WouldBlock):
-            ahead.read("s", table, *entries[2])
+            ahead.read(Pin(storage, "s", table.stat), table, *entries[2])
 
 
 def test_versions_never_mix(tmp_path: Path) -> None:
     storage, table, entries = shard(tmp_path, [100 * KIB] * 3)
     ahead = ReadAhead(storage, 64 << 20)
-    ahead.read("s", table, *entries[0])
+    ahead.read(Pin(storage, "s", table.stat), table, *entries[0])
     _, table2, _ = shard(tmp_path, [100 * KIB] * 3, gaps={0: 1})  # rewritten
     other = Table(table2.stat, table.entries)  # the old places, in the new version
     offset, size = entries[1]
     expected = (tmp_path / "s").read_bytes()[offset : offset + size]
     assert expected != bytes([1]) * size
-    assert ahead.read("s", other, offset, size) == expected
+    assert ahead.read(Pin(storage, "s", other.stat), other, offset, size) == expected
 
 
 def test_stores_with_cheap_requests_only_pass_reads_through(tmp_path: Path) -> None:
@@ -112,7 +115,7 @@ def test_stores_with_cheap_requests_only_pass_reads_through(tmp_path: Path) -> N
     storage.request_cost = 0
     ahead = ReadAhead(storage, 64 << 20)
     for entry in entries:
-        ahead.read("s", table, *entry)
+        ahead.read(Pin(storage, "s", table.stat), table, *entry)
     assert storage.reads == entries
 
 
@@ -128,16 +131,19 @@ def test_a_walker_of_a_shard_gets_the_next_shards_fetched_ahead(tmp_path: Path) 
         name = f"s{n}"
         return (name, tables[name]) if name != "s2" else None  # s2 does not exist
 
-    ahead.read("s0", tables["s0"], *entries[0], next_shard)
+    ahead.read(Pin(storage, "s0", tables["s0"].stat), tables["s0"], *entries[0], next_shard)
     assert asked == [], "one read is not a walk: nothing is fetched ahead"
-    ahead.read("s0", tables["s0"], *entries[3], next_shard)
+    ahead.read(Pin(storage, "s0", tables["s0"].stat), tables["s0"], *entries[3], next_shard)
     deadline = time.monotonic() + 10
     while sorted(asked) != [1, 2] or "s1" not in storage.keys:
         assert time.monotonic() < deadline, (asked, storage.keys)
         time.sleep(0.01)
     before = len(storage.reads)
     for i in range(4):
-        assert ahead.read("s1", tables["s1"], *entries[i]) == bytes([i]) * 300 * KIB
+        assert (
+            ahead.read(Pin(storage, "s1", tables["s1"].stat), tables["s1"], *entries[i])
+            == bytes([i]) * 300 * KIB
+        )
     assert len(storage.reads) == before, "the walker finds the next shard in memory"
     assert storage.keys.count("s1") == 1, storage.keys
 
@@ -152,7 +158,10 @@ def test_a_failed_prefetch_leaves_reads_alone(tmp_path: Path) -> None:
         raise OSError("index unreadable")
 
     for i in range(4):
-        assert ahead.read("s", table, *entries[i], broken) == bytes([i]) * 300 * KIB
+        assert (
+            ahead.read(Pin(storage, "s", table.stat), table, *entries[i], broken)
+            == bytes([i]) * 300 * KIB
+        )
     deadline = time.monotonic() + 10
     while len(failures) < 2:
         assert time.monotonic() < deadline

@@ -309,6 +309,38 @@ def test_next_writer_settles_a_crashed_append_first(
     assert (tmp_path / "k").read_bytes() == b"new content"
 
 
+def test_recovery_leaves_alone_a_file_that_replaced_a_torn_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal entry names the inode it was written for: a shard that another tool renamed
+    into place after a writer died mid-append (zarr-python, tensorstore) is never cut back
+    to the dead append's old size; and a reader meanwhile trusts the shard only up to it."""
+    storage = LocalStorage(tmp_path)
+    storage.put("k", [b"x" * 3000], ABSENT)
+
+    def die_in_write(fd: int, views: Sequence[memoryview], offset: int) -> None:
+        os.pwrite(fd, b"torn", offset)
+        raise Crash
+
+    monkeypatch.setattr(journal, "write_all", die_in_write)
+    with pytest.raises(Crash):
+        storage.append("k", [b"t" * 5000], version(storage, "k"))
+    monkeypatch.undo()
+    torn = storage.stat("k")
+    assert torn is not None and storage.append_in_progress("k", torn) == 3000
+    replacement = tmp_path / "replacement"
+    replacement.write_bytes(b"r" * 4000)  # between the dead append's old and new size
+    replacement.replace(tmp_path / "k")
+    replaced = storage.stat("k")
+    assert replaced is not None and storage.append_in_progress("k", replaced) is None
+    lines = LocalStorage(tmp_path).recover()
+    assert lines == [
+        f"{storage.describe('k')}: left as is: another file replaced it since an interrupted append"
+    ]
+    assert (tmp_path / "k").read_bytes() == b"r" * 4000
+    assert storage.pending_recovery() == []
+
+
 def test_recover_removes_malformed_entries(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     storage.put("k", [b"x"], ABSENT)

@@ -35,4 +35,8 @@ class ChunkDigests:
         array = node.array
         key, table, offset, nbytes = self.ns.locate(array, node.coords)
         where = (key, table.stat.version, offset, nbytes, array.metadata.version)
-        return self.cache.get(where, lambda: md5_reader(self.ns.open(node)))
+        return self.cache.get(where, lambda: self._md5(node))
+
+    def _md5(self, node: Node) -> str:
+        with self.ns.open(node) as reader:
+            return md5_reader(reader)

@@ -180,10 +180,10 @@ def _serve(ns: Namespace, shard: _Shard, stored: memoryview, path: str) -> bytes
 def _hash_files(ns: Namespace, files: list[tuple[int, Node]]) -> _Hashed:
     hashed = _Hashed()
     for index, node in files:
-        reader = ns.open(node)
-        hashed.indexes.append(index)
-        hashed.digests.append(md5_reader(reader))
-        hashed.sizes.append(reader.size)
+        with ns.open(node) as reader:
+            hashed.indexes.append(index)
+            hashed.digests.append(md5_reader(reader))
+            hashed.sizes.append(reader.size)
     return hashed
 
 

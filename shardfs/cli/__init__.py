@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import resource
 import select
 import signal
 import stat as stat_mod
@@ -318,6 +319,15 @@ def _view(
     return Workspace(namespace, buffer, shard_new=options.shard_new)
 
 
+def _raise_file_limit() -> None:
+    """Let the daemon open as many files as the system allows it: every open file of a
+    local source holds its shard open (see `Pin`), and systemd starts services with a
+    soft limit of 1024, which a tool opening many chunk files at once would reach."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _run_daemon(
     args: argparse.Namespace,
     options: MountOptions,
@@ -343,6 +353,7 @@ def _run_daemon(
         args.mountpoint,
         options.argument() or "none",
     )
+    _raise_file_limit()
     try:
         view = _view(source, options, args.source)
         outcome = serve(

@@ -432,8 +432,11 @@ class Operations(pyfuse3.Operations):
         files.discard(fh)
         if not files:
             self._files_of.pop(inode, None)
-        if isinstance(handle, Handle) and self.workspace is not None:
-            self.workspace.release(handle)
+        if isinstance(handle, Handle):
+            if self.workspace is not None:
+                self.workspace.release(handle)
+        elif handle is not None and not any(self._handles[f] is handle for f in files):
+            handle.close()  # its last descriptor (one reader may serve several, see `open`)
 
     # -- changes --------------------------------------------------------------------
 

@@ -49,6 +49,57 @@ class Entry:
     stat: Stat
 
 
+class Pin:
+    """Reads of one version of an object, for as long as the store can vouch for its bytes.
+
+    An open file of the view reads through a pin, so every byte it gets comes from
+    the version it was opened on, never from a later one (mountpoint-s3 pins the
+    ETag the same way). This default pins the version by name: each read asks the
+    store for exactly that version and raises SourceChanged once the object is
+    another. A store that can keep a replaced version readable (a local file's
+    inode) overrides it.
+    """
+
+    #: Whether a new version of the pinned object is that object changed in place (a
+    #: local file's inode), which a reader of a plain file may follow as a local file
+    #: system would; not where every version is a new object (S3), whose bytes must
+    #: never be mixed with the old one's.
+    in_place = False
+
+    def __init__(self, storage: Storage, key: str, stat: Stat) -> None:
+        self.storage = storage
+        self.key = key
+        #: the version served; `follow` moves it on
+        self.stat = stat
+
+    def read(self, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset` of version `stat`; SourceChanged once it is gone."""
+        return self.storage.read(self.key, offset, length, self.stat.version)
+
+    def read_prefix(self, offset: int, length: int) -> bytes:
+        """Bytes within version `stat`'s size, also from a later version that only grew
+        from it, where the store can tell growth apart (appends never change the bytes
+        before the old end). Only for data that verifies itself, such as a shard index
+        with its checksum: growth alone does not prove the bytes unchanged."""
+        return self.read(offset, length)
+
+    def read_tail(self, length: int) -> bytes:
+        """The last `length` bytes of version `stat` (see `Storage.read_tail`)."""
+        return self.storage.read_tail(self.key, length, self.stat.size, self.stat.version)
+
+    def current(self) -> Stat | None:
+        """The pinned object as it is now: None if it is gone."""
+        return self.storage.stat(self.key)
+
+    def follow(self, stat: Stat) -> None:
+        """Serve version `stat` from now on. Only for a caller that proved the bytes it
+        will read are the same in `stat` as in the version pinned."""
+        self.stat = stat
+
+    def close(self) -> None:
+        """Let the version go. Reads afterwards are not allowed."""
+
+
 class Storage(ABC):
     """A tree of objects: reads, plus conditional writes.
 
@@ -82,6 +133,18 @@ class Storage(ABC):
         the end raises CorruptData: callers only ask for ranges an index or a
         size promised them.
         """
+
+    def pin(self, key: str, stat: Stat) -> Pin:
+        """A pin on version `stat` of `key` (see `Pin`). SourceChanged if the object
+        already is another version that the pin cannot serve."""
+        return Pin(self, key, stat)
+
+    def append_in_progress(self, key: str, stat: Stat) -> int | None:
+        """The size of object `key` (found as `stat`) before an append that a writer has
+        begun and not finished, or a crashed writer left torn, if the store keeps such a
+        record (a local journal); else None. Only those first bytes are complete: an
+        index beyond them may be torn."""
+        return None
 
     def read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
         """The last `length` bytes of version `version` of `key`, which has `size` bytes.

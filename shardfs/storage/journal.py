@@ -27,7 +27,7 @@ import os
 import re
 import secrets
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,20 +115,31 @@ def _lock(fd: int, offset: int, wait: bool) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
-    """What an appender is about to do: enough to tell a whole tail from a torn one."""
+    """What an appender is about to do: enough to tell a whole tail from a torn one.
+
+    `inode` is the (device, inode) of the file appended to, so that a file another
+    tool put in its place since is never cut (entries of older versions have none).
+    """
 
     key: str
     old_size: int
     new_size: int
     crc32c: int
+    inode: tuple[int, int] | None = None
+
+    def applies_to(self, version: Hashable) -> bool:
+        """Whether the entry is about the file of local version `version` (see `_stat_of`)."""
+        return self.inode is None or tuple(version[:2]) == self.inode  # type: ignore[index]
 
     def encode(self) -> bytes:
-        doc = {
+        doc: dict[str, object] = {
             "key": self.key,
             "old_size": self.old_size,
             "new_size": self.new_size,
             "crc32c": self.crc32c,
         }
+        if self.inode is not None:
+            doc["dev"], doc["ino"] = self.inode
         return json.dumps(doc).encode()
 
     @classmethod
@@ -146,7 +157,12 @@ class JournalEntry:
             raise ValueError(f"impossible sizes or checksum ({old}, {new}, {crc})")
         if entry_name(key) != name:
             raise ValueError("its name does not match its key")
-        return cls(key, old, new, crc)
+        dev, ino = doc.get("dev"), doc.get("ino")
+        if (dev, ino) == (None, None):
+            return cls(key, old, new, crc)
+        if type(dev) is not int or type(ino) is not int:
+            raise ValueError("device or inode not integers")
+        return cls(key, old, new, crc, (dev, ino))
 
 
 class Journal:
@@ -253,7 +269,10 @@ class Journal:
 
     @staticmethod
     def _settle_file(fd: int, entry: JournalEntry, name: str) -> str:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
+        if entry.inode is not None and (st.st_dev, st.st_ino) != entry.inode:
+            return f"{name}: left as is: another file replaced it since an interrupted append"
         if size < entry.old_size:
             return (
                 f"{name}: left as is: it has {size} bytes, fewer than the "
@@ -262,6 +281,7 @@ class Journal:
         if size == entry.old_size:
             return f"{name}: dropped the record of an append that had written nothing"
         if size == entry.new_size and _crc_of_range(fd, entry.old_size, size) == entry.crc32c:
+            os.fsync(fd)  # the tail may be in the page cache only: durable before the entry goes
             return f"{name}: kept a completed append ({size - entry.old_size} bytes)"
         os.ftruncate(fd, entry.old_size)
         os.fsync(fd)

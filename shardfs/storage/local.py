@@ -20,7 +20,7 @@ from pathlib import Path
 
 from shardfs.errors import CorruptData, NotADirectory, NotFound, SourceChanged, StorageError
 from shardfs.storage import journal
-from shardfs.storage.base import ABSENT, Entry, Stat, Storage
+from shardfs.storage.base import ABSENT, Entry, Pin, Stat, Storage
 from shardfs.storage.blocking import WouldBlock, check_may_block, may_block
 
 log = logging.getLogger("shardfs")
@@ -45,6 +45,78 @@ def _stat_of(st: os.stat_result) -> Stat:
         mtime_ns=st.st_mtime_ns,
         version=(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns),
     )
+
+
+def _same_content(st: os.stat_result, stat: Stat) -> bool:
+    """Whether the file `st` describes still holds the bytes of version `stat`. An inode
+    unlinked or renamed over gets a new ctime but keeps its bytes, and nobody can open it
+    by name any more to change them."""
+    version = _stat_of(st).version
+    return version == stat.version or (st.st_nlink == 0 and version[:4] == stat.version[:4])
+
+
+class _FilePin(Pin):
+    """A local file's inode, held open: replaced by a rename or unlinked, it stays
+    readable, so an open chunk keeps the bytes it opened; changed in place (an append,
+    a rewrite), it is a new version."""
+
+    in_place = True
+
+    def __init__(self, storage: LocalStorage, key: str, stat: Stat) -> None:
+        super().__init__(storage, key, stat)
+        self._fd = -1
+        try:
+            fd = os.open(storage._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise SourceChanged(f"{storage.describe(key)} was removed") from None
+        except OSError as e:
+            raise StorageError(f"{storage.describe(key)}: {e.strerror}") from None
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != stat.version[:2] or st.st_size < stat.size:  # type: ignore[index]
+            os.close(fd)
+            raise SourceChanged(f"{storage.describe(key)} was replaced")
+        self._fd = fd
+
+    def _pread(self, offset: int, length: int, grown_ok: bool) -> bytes:
+        try:
+            if may_block():
+                data = os.pread(self._fd, length, offset)
+            else:
+                data = _read_cached(self._fd, offset, length)
+            st = os.fstat(self._fd)
+        except OSError as e:
+            code = errno.errorcode.get(e.errno, "?")
+            raise StorageError(f"{self.storage.describe(self.key)}: read failed ({code})") from None
+        if not _same_content(st, self.stat):
+            # Checked after the read, so that a change during it is seen too.
+            grown = st.st_size >= self.stat.size and offset + length <= self.stat.size
+            if not (grown_ok and grown):
+                raise SourceChanged(f"{self.storage.describe(self.key)} changed")
+        if len(data) != length:
+            raise CorruptData(
+                f"{self.storage.describe(self.key)}: wanted {length} bytes at {offset}, "
+                f"file has only {len(data)}"
+            )
+        return data
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self._pread(offset, length, grown_ok=False)
+
+    def read_prefix(self, offset: int, length: int) -> bytes:
+        return self._pread(offset, length, grown_ok=True)
+
+    def read_tail(self, length: int) -> bytes:
+        return self._pread(self.stat.size - length, length, grown_ok=True)
+
+    def current(self) -> Stat | None:
+        return _stat_of(os.fstat(self._fd))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    __del__ = close  # a reader dropped without `close` must not leak its descriptor
 
 
 class LocalStorage(Storage):
@@ -118,6 +190,18 @@ class LocalStorage(Storage):
             )
         return data
 
+    def pin(self, key: str, stat: Stat) -> Pin:
+        return _FilePin(self, key, stat)
+
+    def append_in_progress(self, key: str, stat: Stat) -> int | None:
+        try:
+            entry = self._journal.load(journal.entry_name(key))
+        except (OSError, ValueError):
+            return None  # no journal, or an entry recovery will report
+        if entry is None or not entry.applies_to(stat.version):
+            return None
+        return entry.old_size if entry.old_size <= stat.size else None
+
     def describe(self, key: str) -> str:
         return self._path(key)
 
@@ -172,7 +256,9 @@ class LocalStorage(Storage):
         size = sum(v.nbytes for v in views)
         if not size:
             return _stat_of(st)
-        entry = journal.JournalEntry(key, st.st_size, st.st_size + size, journal.crc_of(views))
+        entry = journal.JournalEntry(
+            key, st.st_size, st.st_size + size, journal.crc_of(views), (st.st_dev, st.st_ino)
+        )
         self._journal.write(entry)
         try:
             journal.write_all(fd, views, entry.old_size)

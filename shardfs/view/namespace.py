@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
 
+import crc32c
 import numpy as np
 
 from shardfs.errors import (
@@ -36,6 +38,7 @@ from shardfs.errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
+    ShardfsError,
     SourceChanged,
     StorageError,
 )
@@ -59,7 +62,8 @@ from shardfs.formats.zarr_v3 import (
     sharded_layout,
 )
 from shardfs.formats.zarr_v3 import render as render_v3
-from shardfs.storage.base import Entry, Stat, Storage
+from shardfs.storage.base import Entry, Pin, Stat, Storage
+from shardfs.storage.blocking import WouldBlock, may_block
 from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, ZarrV3, join
 from shardfs.view.nodes import (
@@ -97,24 +101,28 @@ def logged_corruption(message: str) -> CorruptData:
 #: kernel splits the file into requests. (On a store with costly requests,
 #: passthrough files too.)
 WHOLE_CHUNK_LIMIT = 4 << 20
+#: How often a read or an index load starts again on an object that keeps changing
+#: under it (an appender of another mount), before it gives up with EIO.
+CHANGE_ATTEMPTS = 8
 
 
 class Reader:
-    """An open file of the view. Reads are pinned to the version seen at open.
+    """An open file of the view. Every byte it serves comes from the version seen at open.
 
-    `stored` bytes of object `key` from `base` back the file; `serve`, if
-    given, turns them into the file's `size` bytes (a v2 chunk), so they are
-    read and converted whole on the first read. A chunk's reads go through
-    the namespace's read-ahead, which needs its shard's `table`. On a store
-    with costly requests, a file too big to read whole is read in pieces of
-    at least `request_cost` bytes, the rest kept for the next read.
+    `stored` bytes at `base` of the object that `pin` holds back the file (see
+    `Pin`); `serve`, if given, turns them into the file's `size` bytes (a v2
+    chunk), so they are read and converted whole on the first read. A chunk's
+    whole reads go through the namespace's read-ahead, which needs its shard's
+    `table`. On a store with costly requests, a file too big to read whole is
+    read in pieces of at least `request_cost` bytes, the rest kept for the next
+    read. `close` lets the pinned version go.
     """
 
     def __init__(
         self,
         namespace: Namespace,
         node: Node,
-        key: str,
+        pin: Pin | None,
         stat: Stat,
         base: int,
         stored: int,
@@ -125,20 +133,33 @@ class Reader:
     ) -> None:
         self._ns = namespace
         self.node = node
-        self._key = key
+        self._pin = pin
         self._stat = stat
         self._base = base
         self._stored = stored
         self.size = stored if size is None else size
         self._data = data
         self._serve = serve
+        #: the index that located the chunk: what a changed shard must still hold
+        self._origin = table
+        #: the table read-ahead fetches by (None once the shard changed)
         self._table = table
-        self._failed: CorruptData | None = None
+        self._failed: ShardfsError | None = None
         costly = namespace.storage.request_cost > 0
         small = stored <= WHOLE_CHUNK_LIMIT
         self._whole = serve is not None or (small and (node.role is Role.CHUNK or costly))
         #: (offset, bytes) read ahead of a partial read on a store with costly requests
         self._ahead: tuple[int, bytes] | None = None
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pin is not None:
+            self._pin.close()
 
     def attr(self) -> Attr:
         """The file as opened: what `fstat` shows of it once its path names another file."""
@@ -158,7 +179,7 @@ class Reader:
                     data = self._serve(data)
                 except CorruptData as e:
                     self._failed = logged_corruption(
-                        f"{self.node.path} (stored in {self._ns.storage.describe(self._key)}): {e}"
+                        f"{self.node.path} (stored in {self._describe()}): {e}"
                     )
                     raise self._failed from None
             self._data = data
@@ -168,56 +189,72 @@ class Reader:
             return data[offset : offset + size]
         return self._fetch(offset, size)
 
+    def _describe(self) -> str:
+        assert self._pin is not None
+        return self._ns.storage.describe(self._pin.key)
+
     def _fetch(self, offset: int, size: int) -> bytes:
-        try:
-            return self._read(offset, size)
-        except SourceChanged:
-            self._ahead = None
-            self._follow_change()
-            return self._read(offset, size)
+        for _attempt in range(CHANGE_ATTEMPTS):
+            try:
+                return self._read(offset, size)
+            except SourceChanged:
+                self._ahead = None
+                try:
+                    self._follow_change()
+                except SourceChanged:
+                    continue  # changed again while we looked: look again
+                except ShardfsError as e:
+                    self._failed = e
+                    raise
+        raise StorageError(f"{self._describe()} keeps changing while it is read")
 
     def _read(self, offset: int, size: int) -> bytes:
-        if self._table is not None and offset == 0 and size == self._stored:
+        assert self._pin is not None
+        table = self._table
+        if table is not None and offset == 0 and size == self._stored:
             array, coords = self.node.array, self.node.coords
             return self._ns.read_ahead.read(
-                self._key,
-                self._table,
+                self._pin,
+                table,
                 self._base,
                 size,
                 lambda n: self._ns.next_shard(array, array.layout.shard_of(coords)[0], n),
             )
         storage = self._ns.storage
         if not storage.request_cost:
-            return storage.read(self._key, self._base + offset, size, self._stat.version)
+            return self._pin.read(self._base + offset, size)
         if self._ahead is not None:
             start, data = self._ahead
             if start <= offset and offset + size <= start + len(data):
                 return data[offset - start : offset - start + size]
         length = min(self._stored - offset, max(size, storage.request_cost))
-        data = storage.read(self._key, self._base + offset, length, self._stat.version)
+        data = self._pin.read(self._base + offset, length)
         self._ahead = (offset, data)
         return data[:size]
 
     def _follow_change(self) -> None:
-        """The object changed while open: carry on only if this file's bytes did not.
+        """The object changed while open: carry on only with the same bytes.
 
-        A passthrough file simply shows its new content. A chunk may carry on
-        if its shard still holds it at the same place (the shard was appended
-        to); otherwise the file's content is gone and the read fails.
+        A passthrough file changed in place shows its new content, as on a local
+        file system; one replaced by another object (S3) fails. A chunk carries on
+        only if the new version provably holds the bytes it had at open (see
+        `Namespace.still_holds`); otherwise its content is gone and every
+        later read fails, rather than mixing two versions.
         """
-        node = self._ns.refresh(self.node)
+        assert self._pin is not None
+        now = self._pin.current()
+        if now is None or now.is_dir:
+            raise StorageError(f"{self._describe()} was removed while open")
         if self.node.role is Role.FILE:
-            stat = self._ns.storage.stat(self._key)
-            if stat is None or stat.is_dir:
-                raise StorageError(f"{self._ns.storage.describe(self._key)} was removed while open")
-            self._stat, self.size = stat, stat.size
-            self._stored = stat.size
+            if not self._pin.in_place:
+                raise StorageError(f"{self._describe()} was replaced while open")
+            self._pin.follow(now)
+            self._stat, self.size, self._stored = now, now.size, now.size
             return
-        key, table, offset, nbytes = self._ns.locate(node.array, node.coords)
-        if (offset, nbytes) != (self._base, self._stored):
-            raise StorageError(f"{self._ns.storage.describe(key)} was rewritten while open")
-        self._stat = table.stat
-        self._table = table
+        assert self._origin is not None
+        if not self._ns.still_holds(self.node.array, self._origin, self._pin, now):
+            raise StorageError(f"{self._describe()} was rewritten while open")
+        self._table = None  # read-ahead goes by the version a table was made from
 
 
 def entry_path(parent: Node, name: str) -> str:
@@ -517,19 +554,25 @@ class Namespace(Resolves):
         if self.guard is not None:
             self.guard(key)
             listed = None  # it may have been written while we waited
-        for _attempt in range(3):
+        for attempt in range(CHANGE_ATTEMPTS):
             stat, listed = listed or self.storage.stat(key), None
             if stat is None or stat.is_dir:
                 return None
             if not array.layout.levels:
                 entries = np.array([0, stat.size], dtype=np.uint64)
-                return ShardTable(stat, entries.reshape((1,) * array.layout.ndim + (2,)))
+                shape = (1,) * array.layout.ndim + (2,)
+                return ShardTable(stat, entries.reshape(shape), stat.size)
+            cache_key = (key, stat.version)
             try:
-                return self.indexes.get(
-                    (key, stat.version), lambda st=stat: self._load_table(array, key, st)
+                table = self.indexes.get(
+                    cache_key, lambda st=stat: self._load_table(array, key, st)
                 )
             except SourceChanged:
-                continue  # rewritten while we read its index: read the new one
+                _pause(attempt)  # changing while we read its index: read the new one
+                continue
+            if table.end != stat.size:
+                self.indexes.discard(cache_key)  # an append is under way: see `_load_table`
+            return table
         raise StorageError(f"{self.storage.describe(key)} keeps changing while its index is read")
 
     def next_shard(
@@ -546,40 +589,53 @@ class Namespace(Resolves):
         return (self.shard_key(array, coords), table) if table is not None else None
 
     def _load_table(self, array: ArrayView, key: str, stat: Stat) -> ShardTable:
+        """The index of version `stat` of a shard, trusted only when it is complete.
+
+        While an append to the shard is under way, or was left torn by a writer
+        that died, the store's record of it (`append_in_progress`) says where the
+        shard ended before: the index there is the last complete one, and the
+        table is made from it. A tail that does not verify is a torn view of a
+        shard another writer is changing if the shard is another version by
+        now (SourceChanged: read it again); only one that stays is corrupt.
+        """
         layout = array.layout
         cps = layout.chunks_per_shard
         count = math.prod(cps)
         entries = np.empty((count, 2), dtype=np.uint64)
+        before = self.storage.append_in_progress(key, stat)
+        end = stat.size if before is None else before
+        pin = self.storage.pin(key, stat)
         try:
-            self._fill(array, key, stat, 0, 0, stat.size, np.arange(count), entries)
+            raw = self._fill(array, pin, 0, 0, end, np.arange(count), entries)
         except CorruptData as e:
             current = self.storage.stat(key)
             if current is None or current.version != stat.version:
-                # Another writer was appending to it: read the new version instead.
                 raise SourceChanged(f"{self.storage.describe(key)} changed") from None
             raise logged_corruption(
                 f"{self.storage.describe(key)}: corrupt shard, its chunks give EIO: {e}"
             ) from None
-        return ShardTable(stat, entries.reshape((*cps, 2)))
+        finally:
+            pin.close()
+        return ShardTable(stat, entries.reshape((*cps, 2)), end, crc32c.crc32c(raw))
 
     def _fill(
         self,
         array: ArrayView,
-        key: str,
-        stat: Stat,
+        pin: Pin,
         level: int,
         start: int,
         length: int,
         rows: np.ndarray,
         out: np.ndarray,
-    ) -> None:
-        """Resolve the view chunks `rows` through the shard (or nested shard) at [start, start+length)."""
+    ) -> bytes:
+        """Resolve the view chunks `rows` through the shard (or nested shard) at
+        [start, start+length) of `pin`'s version; returns the index read there."""
         spec = array.layout.levels[level]
         at = start + spec.index_offset(length)
-        if level == 0 and not spec.index_at_start:
-            raw = self.storage.read_tail(key, spec.index_size, stat.size, stat.version)
+        if level == 0 and not spec.index_at_start and length == pin.stat.size:
+            raw = pin.read_tail(spec.index_size)
         else:
-            raw = self.storage.read(key, at, spec.index_size, stat.version)
+            raw = pin.read_prefix(at, spec.index_size)
         index = spec.decode_index(raw, length)
         slots = array.slots[level][rows]
         picked = index[slots]
@@ -587,13 +643,28 @@ class Namespace(Resolves):
         picked[used, 0] += np.uint64(start)
         if level + 1 == len(array.layout.levels):
             out[rows] = picked
-            return
+            return raw
         out[rows[~used]] = EMPTY
         for slot in np.unique(slots[used]):
             offset, nbytes = (int(v) for v in index[slot])
-            self._fill(
-                array, key, stat, level + 1, start + offset, nbytes, rows[slots == slot], out
-            )
+            self._fill(array, pin, level + 1, start + offset, nbytes, rows[slots == slot], out)
+        return raw
+
+    def still_holds(self, array: ArrayView, table: ShardTable, pin: Pin, now: Stat) -> bool:
+        """Whether version `now` of a shard holds, unchanged, every chunk `table` (made
+        from the version `pin` serves) located; if so, `pin` serves `now` from then on.
+
+        Only an append proves it: the shard grew and its index at the end is still
+        where it was, byte for byte (an appender never changes what lies before
+        the old end, and a rewrite leaves no index there). A shard rewritten at
+        the same size, with its index at the start, or unsharded, proves nothing.
+        """
+        levels = array.layout.levels
+        if not levels or levels[0].index_at_start or now.size <= table.end:
+            return False
+        size = levels[0].index_size
+        pin.follow(now)
+        return crc32c.crc32c(pin.read_prefix(table.end - size, size)) == table.digest
 
     def locate(self, array: ArrayView, coords: tuple[int, ...]) -> tuple[str, ShardTable, int, int]:
         """(shard key, table, offset, nbytes) of a non-empty chunk; NotFound otherwise."""
@@ -859,18 +930,36 @@ class Namespace(Resolves):
             stat = self.storage.stat(key)
             if stat is None or stat.is_dir:
                 raise NotFound(node.path)
-            return Reader(self, node, key, stat, 0, stat.size)
+            return Reader(self, node, self.storage.pin(key, stat), stat, 0, stat.size)
         meta = self._fresh(node.meta)
         node = Node(node.path, node.role, meta, node.coords)
         if node.role is Role.METADATA:
             data, _ = self._document(meta, node.name)
-            return Reader(self, node, node.path, meta.metadata, 0, len(data), data=data)
+            return Reader(self, node, None, meta.metadata, 0, len(data), data=data)
         assert isinstance(meta, ArrayView)
-        key, table, offset, nbytes = self.locate(meta, node.coords)
-        v2 = meta.v2
-        if v2 is None or v2.transform is Transform.RAW:
-            return Reader(self, node, key, table.stat, offset, nbytes, table=table)
-        size = meta.served_size(nbytes)
-        return Reader(
-            self, node, key, table.stat, offset, nbytes, size=size, serve=v2.serve, table=table
-        )
+        for attempt in range(CHANGE_ATTEMPTS):
+            key, table, offset, nbytes = self.locate(meta, node.coords)
+            try:
+                pin = self.storage.pin(key, table.stat)
+            except SourceChanged:
+                _pause(attempt)  # replaced since its index was read: locate it again
+                continue
+            v2 = meta.v2
+            if v2 is None or v2.transform is Transform.RAW:
+                return Reader(self, node, pin, table.stat, offset, nbytes, table=table)
+            size = meta.served_size(nbytes)
+            return Reader(
+                self, node, pin, table.stat, offset, nbytes, size, serve=v2.serve, table=table
+            )
+        raise StorageError(f"{node.path} keeps changing while it is opened")
+
+
+def _pause(attempt: int) -> None:
+    """Wait a little before trying again on an object another writer is changing: at
+    once at first, then (only where waiting is allowed) longer each time, about a
+    second in all, so that a writer appending a big tail has time to finish."""
+    if attempt < 2:
+        return
+    if not may_block():
+        raise WouldBlock
+    time.sleep(min(0.5, 0.005 * 2**attempt))

@@ -98,11 +98,16 @@ class ShardTable(HasExtents):
     """One shard's decoded index, flattened to the view's chunks.
 
     `entries` has shape `chunks_per_shard + (2,)` in view (array) axis order,
-    holding absolute (offset, nbytes) in the shard, or EMPTY.
+    holding absolute (offset, nbytes) in the shard, or EMPTY. They come from
+    the index that ends at byte `end` of version `stat` (its size, unless an
+    append was under way), whose raw bytes have the crc32c `digest`: what a
+    later version must still hold there to hold the same chunks.
     """
 
     stat: Stat
     entries: np.ndarray
+    end: int
+    digest: int | None = None
 
     @property
     def cost(self) -> int:

@@ -422,6 +422,14 @@ class PrecomputedNamespace(Resolves):
     # -- data ----------------------------------------------------------------------------
 
     def open(self, node: Node) -> Document | Reader:
+        for _attempt in range(3):
+            try:
+                return self._open(node)
+            except SourceChanged:
+                continue  # replaced since it was located: locate it again
+        raise StorageError(f"{node.path} keeps changing while it is opened")
+
+    def _open(self, node: Node) -> Document | Reader:
         target = self._target(self.volume(), node.path)
         if isinstance(target, Volume):
             return Document(target.info)
@@ -454,22 +462,6 @@ class PrecomputedNamespace(Resolves):
             decode=lambda stored: sharding.decode_data(stored, size),
         )
 
-    def relocate(self, path: str, key: str, base: int, stored: int) -> tuple[Stat, int]:
-        """The current (stat, stored size) of what backs an open file whose object
-        changed: a passthrough file shows its new content; a chunk carries on only if its
-        shard still holds it at the same place, otherwise reads fail."""
-        try:
-            target = self._target(self.volume(), path)
-        except NotFound:
-            gone = f"{self.storage.describe(key)} was removed while {path} was open"
-            raise StorageError(gone) from None
-        place = (key, base, stored)
-        if isinstance(target, _Chunk) and (target.key, target.offset, target.stored) == place:
-            return target.stat, target.stored
-        if isinstance(target, Stat) and not target.is_dir and key == path:
-            return target, target.size
-        raise StorageError(f"{self.storage.describe(key)} was rewritten while {path} was open")
-
 
 class Document:
     """An open file whose content the view made (the rewritten info)."""
@@ -481,10 +473,15 @@ class Document:
     def read(self, offset: int, size: int) -> bytes:
         return self._data[offset : offset + size]
 
+    def close(self) -> None:
+        """Nothing to let go."""
+
 
 class Reader:
     """An open file backed by `stored` bytes of object `key` from `base`, pinned to the
-    version seen at open (`namespace.relocate` decides what happens when it changes).
+    version seen at open (see `Pin`): a passthrough file changed in place since shows
+    its new content; a chunk whose shard changed fails, as nothing proves its bytes the same
+    (precomputed shards are rewritten whole, never appended to).
 
     A `whole` file is read whole on its first read and served from memory until it
     has been read to its end, so that it costs one request however the kernel splits
@@ -507,7 +504,7 @@ class Reader:
         self._ns = namespace
         self._path = path
         self._key = key
-        self._stat = stat
+        self._pin = namespace.storage.pin(key, stat)
         self._base = base
         self._stored = stored
         self.size = size
@@ -541,12 +538,18 @@ class Reader:
             raise self._failed from None
 
     def _fetch(self, offset: int, size: int) -> bytes:
-        storage = self._ns.storage
         try:
-            return storage.read(self._key, self._base + offset, size, self._stat.version)
+            return self._pin.read(self._base + offset, size)
         except SourceChanged:
-            self._stat, stored = self._ns.relocate(self._path, self._key, self._base, self._stored)
-            if self._decode is None and stored != self._stored:
-                self._stored = self.size = stored  # a passthrough file: its new content
-                size = min(size, max(0, stored - offset))
-            return storage.read(self._key, self._base + offset, size, self._stat.version)
+            now = self._pin.current()
+            where = self._ns.storage.describe(self._key)
+            if now is None or now.is_dir:
+                raise StorageError(f"{where} was removed while {self._path} was open") from None
+            if self._key != self._path or not self._pin.in_place:
+                raise StorageError(f"{where} was rewritten while {self._path} was open") from None
+            self._pin.follow(now)
+            self._stored = self.size = now.size  # a passthrough file: its new content
+            return self._pin.read(self._base + offset, min(size, max(0, now.size - offset)))
+
+    def close(self) -> None:
+        self._pin.close()

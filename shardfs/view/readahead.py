@@ -34,7 +34,7 @@ from functools import cached_property
 import numpy as np
 
 from shardfs.formats.shard_index import EMPTY
-from shardfs.storage.base import Stat, Storage
+from shardfs.storage.base import Pin, Stat, Storage
 from shardfs.storage.blocking import WouldBlock, may_block
 from shardfs.view.cache import LruCache
 
@@ -111,20 +111,20 @@ class ReadAhead:
 
     def read(
         self,
-        key: str,
+        pin: Pin,
         table: HasExtents,
         offset: int,
         nbytes: int,
         next_shard: NextShard | None = None,
     ) -> bytes:
-        """The `nbytes` bytes at `offset` of shard `key` (version `table.stat.version`).
+        """The `nbytes` bytes at `offset` of the shard `pin` holds, which `table` describes.
 
         `next_shard` is called, in the background, once a reader is seen walking this shard,
         to fetch ahead the shards the reader goes to next.
         """
-        version = table.stat.version
         if not self.enabled:
-            return self.storage.read(key, offset, nbytes, version)
+            return pin.read(offset, nbytes)
+        key, version = pin.key, table.stat.version
         wanted: ChunkKey = (key, version, offset, nbytes)
         while True:
             data = self.cache.peek(wanted)
