@@ -5,14 +5,27 @@ stays within its budget (`write_buffer`) and spilled to a file in the spool
 directory beyond it, so a writer faster than the commits never grows the
 daemon without bound. The buffer owns the budget and the spool; blobs are
 thread-safe and may be written, read and truncated at any offset.
+
+Spool files are private to one buffer (one daemon): each buffer makes its own
+directory `shardfs-spool-XXXXXXXX.private` (mode 0700) in the spool directory,
+creates every spill file in it exclusively, and removes it at `close()`. Many
+daemons may share one `spool=DIR`, and nothing a killed daemon left there is
+ever read again. The buffer holds an `flock` on its directory for its life, so
+a directory whose lock can be taken belongs to a daemon that is gone (killed,
+crashed): every new buffer removes those it finds next to its own. Nothing else
+in the spool directory is touched (`DIR/pending/` holds the chunks that
+`shardfs.writeback.leftover` keeps).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
+import logging
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -20,6 +33,14 @@ from collections import OrderedDict
 
 from shardfs.errors import StorageError
 from shardfs.storage.blocking import check_may_block
+
+log = logging.getLogger("shardfs")
+
+#: The private directory of a buffer is PREFIX + random + SUFFIX. Older versions made
+#: `shardfs-spool-XXXXXXXX` (no suffix) and never lock it: the suffix keeps their
+#: directories out of the sweep, since a running one would look dead.
+PREFIX = "shardfs-spool-"
+SUFFIX = ".private"
 
 
 class Blob:
@@ -110,11 +131,11 @@ class Blob:
         self.mtime_ns = time.time_ns()
 
     def _spill(self, path: str) -> int:
-        """Move the content to the spool file `path`; returns the bytes of memory freed."""
+        """Move the content to the new spool file `path`; returns the bytes of memory freed."""
         with self.lock:
             if self._memory is None:
                 return 0
-            self._pool._spool_write(path, 0, self._memory)
+            self._pool._spool_create(path, self._memory)
             freed = len(self._memory)
             self._memory, self._spool = None, path
             return freed
@@ -130,9 +151,16 @@ class WriteBuffer:
 
     def __init__(self, budget: int, spool_dir: str | None = None) -> None:
         self.budget = budget
-        self._own_spool = spool_dir is None
-        self.spool_dir = spool_dir or tempfile.mkdtemp(prefix="shardfs-spool-")
-        os.makedirs(self.spool_dir, exist_ok=True)
+        #: where the private directories are made: `spool=DIR`, or the temporary directory
+        self.spool_root = os.path.abspath(spool_dir or tempfile.gettempdir())
+        try:
+            os.makedirs(self.spool_root, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"spool directory {self.spool_root}: {e.strerror}") from None
+        #: this buffer's private directory, which holds its spool files and nothing else
+        self.spool_dir, self._dir_fd = _make_private_dir(self.spool_root)
+        self._closed = False
+        _sweep(self.spool_root, self.spool_dir)
         self._lock = threading.Lock()
         self._blobs: OrderedDict[int, Blob] = (
             OrderedDict()
@@ -152,9 +180,19 @@ class WriteBuffer:
         return blob
 
     def close(self) -> None:
-        """Remove the spool directory (if this buffer made it)."""
-        if self._own_spool:
+        """Remove this buffer's private directory with its spool files (never anything
+        else in the spool directory), then let go of its lock."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+
+        try:
             shutil.rmtree(self.spool_dir, ignore_errors=True)
+            if os.path.lexists(self.spool_dir):
+                log.warning("cannot remove the spool directory %s", self.spool_dir)
+        finally:
+            os.close(self._dir_fd)
 
     def _charge(self, blob: Blob, delta: int) -> None:
         with self._lock:
@@ -177,23 +215,43 @@ class WriteBuffer:
                     return
                 _, victim = self._blobs.popitem(last=False)
                 path = os.path.join(self.spool_dir, f"{next(self._names)}.blob")
-            freed = victim._spill(path)
+            try:
+                freed = victim._spill(path)
+            except BaseException:
+                with self._lock:  # still in memory: the next attempt may spill it again
+                    if victim._memory is not None and id(victim) not in self._blobs:
+                        self._blobs[id(victim)] = victim
+                        self._blobs.move_to_end(id(victim), last=False)
+                raise
             with self._lock:
                 self.used -= freed
                 self.spilled += freed
 
-    # -- spool files (one per spilled blob) ------------------------------------
+    # -- spool files (one per spilled blob, in the private directory) -------------
+
+    def _spool_create(self, path: str, data: bytes | bytearray) -> None:
+        """Make the spool file `path`, which must not exist yet, holding `data`."""
+        check_may_block()
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise StorageError(f"cannot create spool file {path}: {e.strerror}") from None
+        try:
+            _write_all(fd, 0, data)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise StorageError(f"spool file {path}: {e.strerror}") from None
+        finally:
+            os.close(fd)
 
     def _spool_write(self, path: str | None, offset: int, data: bytes | bytearray) -> None:
         assert path is not None
         check_may_block()
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)  # made by _spool_create, never here
             try:
-                view = memoryview(data)
-                while view:
-                    written = os.pwrite(fd, view, offset)
-                    view, offset = view[written:], offset + written
+                _write_all(fd, offset, data)
             finally:
                 os.close(fd)
         except OSError as e:
@@ -217,5 +275,92 @@ class WriteBuffer:
             raise StorageError(f"spool file {path}: {e.strerror}") from None
 
     def _spool_remove(self, path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            if not self._closed:  # after close() the whole directory is gone
+                log.warning("spool file %s was removed by someone else", path)
+        except OSError as e:
+            log.warning("cannot remove spool file %s: %s", path, e.strerror)
+
+
+def _write_all(fd: int, offset: int, data: bytes | bytearray) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+def _make_private_dir(root: str) -> tuple[str, int]:
+    """Make a private directory in `root` and lock it: (its path, the locked descriptor).
+
+    The sweeper (`_sweep`) of another daemon may take the lock of a directory made a moment
+    ago, before its maker locked it, and remove it: the maker then finds the lock taken or
+    its path no longer naming the directory it locked, and makes another.
+    """
+    for _ in range(20):
+        try:
+            path = tempfile.mkdtemp(prefix=PREFIX, suffix=SUFFIX, dir=root)  # mode 0700
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # swept before it could be opened
+        except OSError as e:
+            raise StorageError(f"spool directory {root}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)  # a sweeper has it, and removes it
+            continue
+        except OSError as e:  # a file system without locks: never swept, by anyone
+            log.warning(
+                "cannot lock the spool directory %s (%s): if this daemon is killed, "
+                "remove it by hand",
+                path,
+                e.strerror,
+            )
+        try:
+            mine, now = os.fstat(fd), os.lstat(path)
+        except OSError:
+            now = None
+        if now is not None and (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino):
+            return path, fd
+        os.close(fd)  # swept between the mkdtemp and the lock
+    raise StorageError(f"spool directory {root}: cannot make a private directory in it")
+
+
+def _sweep(root: str, own: str) -> None:
+    """Remove the private directories in `root` of buffers whose daemon is gone: those whose
+    lock can be taken. Directories of running daemons, of other users, and everything else in
+    `root` are left alone."""
+    try:
+        names = os.listdir(root)
+    except OSError as e:
+        log.warning("cannot list spool directory %s: %s", root, e.strerror)
+        return
+    uid = os.geteuid()
+    for name in names:
+        path = os.path.join(root, name)
+        if not (name.startswith(PREFIX) and name.endswith(SUFFIX)) or path == own:
+            continue
+        try:
+            info = os.lstat(path)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its daemon runs
+            mine = os.fstat(fd)
+            if (mine.st_dev, mine.st_ino) != (info.st_dev, info.st_ino):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            if os.path.lexists(path):
+                log.warning("cannot remove the spool directory of a stopped daemon: %s", path)
+            else:
+                log.info("removed the spool directory of a daemon that is gone: %s", path)
+        finally:
+            os.close(fd)
