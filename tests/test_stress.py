@@ -14,8 +14,8 @@
   system for writers of chunk files.
 - Threads write disjoint chunks of shared shards through one mount while it commits in
   the background.
-- Regressions for the bugs these tests found, and strict xfails for the differences from
-  a plain file system that are still open (two decisions).
+- Regressions for the bugs these tests found, and a strict xfail for the difference from
+  a plain file system that is still open (one decision).
 
 fio and stress-ng are installed by scripts/setup; a missing one fails the test.
 """
@@ -1062,13 +1062,10 @@ def test_a_reader_sees_changes_made_in_place_through_another_descriptor(
         os.close(fd)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OSError,
-    reason="to decide: a commit rewrites a shard whose index is at the start whole, so chunks "
-    "after a changed one move, and a file of this mount open on one of them gets EIO",
-)
 def test_a_reader_of_an_index_at_start_shard_survives_a_commit(tmp_path: Path, mount) -> None:
+    """A commit rewrites a shard whose index is at the start whole, so the chunks after a
+    changed one move; a file of this mount open on one of them reads its old bytes on, from
+    the shard it was opened on (held open, though renamed over)."""
     source = tmp_path / "src"
     make_machine_source(source)
     mounted: Mounted = mount(source, "flush_interval=3600")
