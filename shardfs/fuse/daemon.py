@@ -35,9 +35,10 @@ log = logging.getLogger("shardfs")
 TICK = 0.25
 
 
-async def _commit_loop(workspace: Workspace, interval: float, leftovers: Leftovers | None) -> None:
+async def _commit_loop(workspace: Workspace, interval: float) -> None:
     """Commit shards whose oldest change is `interval` seconds old, or everything once
-    the write buffer is filling up; forget kept chunks of earlier mounts once committed."""
+    the write buffer is filling up. (Kept chunks of earlier mounts follow every commit by
+    themselves: `Leftovers` observes the committer.)"""
     pressure, committer = workspace.buffer.pressure, workspace.committer
     while True:
         await trio.sleep(min(TICK, interval))
@@ -45,8 +46,6 @@ async def _commit_loop(workspace: Workspace, interval: float, leftovers: Leftove
         pressure.clear()
         if committer.due(age):
             await trio.to_thread.run_sync(committer.commit_due, age)
-            if leftovers is not None:
-                await trio.to_thread.run_sync(leftovers.prune, workspace)
 
 
 def serve(
@@ -105,7 +104,7 @@ def serve(
             nursery.start_soon(report_ready)
             nursery.start_soon(watch_signals)
             if isinstance(view, Workspace):
-                nursery.start_soon(_commit_loop, view, flush_interval, leftovers)
+                nursery.start_soon(_commit_loop, view, flush_interval)
 
     outcome = "the daemon failed"
     try:
@@ -149,8 +148,9 @@ def _hold_signals() -> None:
 
 
 def _final_commit(workspace: Workspace, leftovers: Leftovers | None) -> str:
-    """Commit what is still buffered; keep what fails in `leftovers`, naming each shard in
-    the log. Returns "" or what went wrong."""
+    """Commit what is still buffered (kept chunks of earlier mounts that this commits leave
+    their files as it goes); keep what fails in `leftovers`, naming each shard in the log.
+    Returns "" or what went wrong."""
     workspace.sync()
     failed = [ref for ref, _ in workspace.overlay.dirty_shards()]
     kept: list[ShardRef] = []

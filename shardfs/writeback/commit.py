@@ -8,6 +8,12 @@ storage as an append conditional on the version it read. If another writer
 commit starts again from the new index, so neither writer's chunks are lost.
 Shards that do not exist yet, shards with their index at the start and the
 chunk objects of unsharded arrays are written whole instead.
+
+Observers (`CommitObserver`) hear of every commit, whoever asked for it (the
+commit loop, `fsync`, `fsyncdir`, the final commit): what is about to be
+stored into a shard, before the storage is touched, and which chunks the shard
+holds once it is durable. The chunks kept for the next mount
+(`shardfs.writeback.leftover`) follow the commits that way.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable, Mapping
+from typing import Protocol
 
 import numpy as np
 
@@ -32,6 +39,22 @@ log = logging.getLogger("shardfs")
 
 #: How often a commit is tried again when other writers keep changing the shard.
 ATTEMPTS = 8
+
+#: Chunk coordinates (of the whole array, not within the shard).
+Coords = tuple[int, ...]
+
+
+class CommitObserver(Protocol):
+    """Told about every commit of a shard, under that shard's commit lock."""
+
+    def storing(self, ref: ShardRef, chunks: Mapping[Coords, Buffer | None]) -> None:
+        """The commit is about to store `chunks` (stored bytes; None for a deleted chunk)
+        into shard `ref`. Whatever this raises ends the commit before the storage is
+        touched (a `StorageError` fails it like any storage error)."""
+
+    def stored(self, ref: ShardRef, coords: Collection[Coords]) -> None:
+        """Shard `ref` now holds, durably, what `storing` announced for `coords` (or
+        these chunks were discarded, unstorable, and will never be). Must not raise."""
 
 
 class Committer:
@@ -53,6 +76,8 @@ class Committer:
         self._backoff: dict[ShardRef, float] = {}
         self.appends = 0  #: shard appends done (for benchmarks and tests)
         self.rewrites = 0  #: whole shards or chunk objects written
+        #: told about every commit (see `CommitObserver`)
+        self.observers: list[CommitObserver] = []
 
     # -- readers ---------------------------------------------------------------------
 
@@ -67,9 +92,10 @@ class Committer:
 
     # -- commits -----------------------------------------------------------------------
 
-    def commit(self, ref: ShardRef, include_open: bool = True) -> None:
+    def commit(self, ref: ShardRef, include_open: bool = True) -> list[Buffered]:
         """Store the dirty chunks of shard `ref`. Chunks a writer still holds open are
-        left for later unless `include_open` (an fsync)."""
+        left for later unless `include_open` (an fsync). Returns the chunks discarded
+        because they cannot be stored (each logged)."""
         with self._guard:
             lock = self._locks.setdefault(ref, threading.Lock())
         with lock:
@@ -79,16 +105,22 @@ class Committer:
                     c: e for c, e in changes.items() if not (isinstance(e, Buffered) and e.handles)
                 }
             if not changes:
-                return
+                return []
             array = self.ns.array_at(ref[0])
             if array is None:
                 raise InvalidWrite(
                     f"{ref[0]} is no longer an array; its buffered chunks cannot be stored"
                 )
-            done, data = self._snapshot(array, changes)
-            if data:
+            done, chunks, discarded = self._snapshot(array, changes)
+            if chunks:
+                for observer in self.observers:
+                    observer.storing(ref, chunks)
+                data = {self._slot(array, coords): d for coords, d in chunks.items()}
                 self._store(array, ref[1], data)
             self.overlay.committed(ref, done)
+            for observer in self.observers:
+                observer.stored(ref, list(done))
+            return discarded
 
     def commit_all(self, include_open: bool = True) -> int:
         """Commit every dirty shard now; returns the number that failed (each logged)."""
@@ -153,20 +185,27 @@ class Committer:
             return f"a shard of {ref[0]}"
         return self.storage.describe(self.ns.shard_key(array, ref[1]))
 
-    def _snapshot(
-        self, array: ArrayView, changes: dict[tuple[int, ...], Entry]
-    ) -> tuple[dict[tuple[int, ...], tuple[Entry, int]], dict[int, Buffer | None]]:
-        """(entries with the generation stored, stored bytes or None by level-0 slot)."""
+    @staticmethod
+    def _slot(array: ArrayView, coords: Coords) -> int:
+        """The level-0 index slot of chunk `coords` in its shard (0 for a chunk object)."""
         layout = array.layout
+        if not layout.levels:
+            return 0
         cps = layout.chunks_per_shard
-        done: dict[tuple[int, ...], tuple[Entry, int]] = {}
-        data: dict[int, Buffer | None] = {}
+        local = tuple(c % n for c, n in zip(coords, cps, strict=True))
+        return int(array.slots[0][int(np.ravel_multi_index(local, cps))])
+
+    def _snapshot(
+        self, array: ArrayView, changes: dict[Coords, Entry]
+    ) -> tuple[dict[Coords, tuple[Entry, int]], dict[Coords, Buffer | None], list[Buffered]]:
+        """(entries with the generation stored, stored bytes or None by coordinates, the
+        chunks discarded because they cannot be stored)."""
+        done: dict[Coords, tuple[Entry, int]] = {}
+        chunks: dict[Coords, Buffer | None] = {}
+        discarded: list[Buffered] = []
         for coords, entry in changes.items():
-            local = tuple(c % n for c, n in zip(coords, cps, strict=True))
-            flat = int(np.ravel_multi_index(local, cps))
-            slot = int(array.slots[0][flat]) if layout.levels else 0
             if not isinstance(entry, Buffered):
-                done[coords], data[slot] = (entry, 0), None
+                done[coords], chunks[coords] = (entry, 0), None
                 continue
             taken = entry.blob.snapshot()
             if taken is None:
@@ -178,11 +217,12 @@ class Committer:
                 except ValueError as e:
                     log.error(
                         "%s: discarded, it cannot be stored: %s", entry.path, e
-                    )  # the writer got EINVAL when it closed the file
+                    )  # the writer got EINVAL when it closed or fsynced the file
                     done[coords] = (entry, generation)
+                    discarded.append(entry)
                     continue
-            done[coords], data[slot] = (entry, generation), content
-        return done, data
+            done[coords], chunks[coords] = (entry, generation), content
+        return done, chunks, discarded
 
     def _store(
         self, array: ArrayView, shard: tuple[int, ...], data: dict[int, Buffer | None]

@@ -6,8 +6,17 @@ chunks are written to a directory of the source's own, one file per shard, in
 the form the shard stores them (whatever the view), so they are not lost. The
 next read-write mount of the same source puts them back into its overlay:
 readers see them, the committer commits them like any pending chunk, and newer
-writes replace them. A file is removed once its shard has no pending change
-left; until then it stays, so a killed daemon loses nothing of it either.
+writes replace them.
+
+Whatever commits a kept chunk forgets it (the commit loop, `fsync`, `fsyncdir`,
+the final commit: `Leftovers` observes the committer). Before a commit stores
+chunks whose coordinates a kept file holds, the file is rewritten (durably) to
+hold what is being stored there (or the deletion); once the shard holds them,
+those coordinates leave the file, and a file left with none is removed. So at
+every instant a kept file holds, for each of its chunks, what the source holds
+or something newer: a daemon killed at any moment loses nothing of them, and
+the next mount never puts older bytes over newer ones. A chunk still pending
+(open for writing, or its commit failed) stays in its file.
 
 File layout: one JSON line `{"format": 1, "array": KEY, "chunks": [[COORDS,
 SIZE], ...]}` (SIZE -1 for a deleted chunk), then the chunks' bytes in that
@@ -21,9 +30,12 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
 
-from shardfs.errors import ShardfsError
+from shardfs.errors import ShardfsError, StorageError
+from shardfs.formats.shard_write import Buffer
 from shardfs.view.hierarchy import join
 from shardfs.view.namespace import View
 from shardfs.writeback.overlay import Buffered, Kind, ShardRef, Whiteout
@@ -34,26 +46,44 @@ log = logging.getLogger("shardfs")
 FORMAT = 1
 SUFFIX = ".pending"
 
+Coords = tuple[int, ...]
 #: (chunk coordinates, stored bytes or None for a deleted chunk)
-Chunk = tuple[tuple[int, ...], bytes | None]
+Chunk = tuple[Coords, bytes | None]
 
 
 def _file_name(ref: ShardRef) -> str:
     return hashlib.sha256(json.dumps([ref[0], list(ref[1])]).encode()).hexdigest()[:24] + SUFFIX
 
 
+@dataclass
+class _Kept:
+    """What one kept file taken up by this mount holds, as it is on disk."""
+
+    key: str  #: the array
+    chunks: dict[Coords, bytes | None]  #: stored bytes (None: deleted) by coordinates
+    shards: dict[Coords, ShardRef]  #: the shard of each chunk taken up
+
+
 class Leftovers:
-    """The kept chunks of one source, in `directory` (made when something is kept)."""
+    """The kept chunks of one source, in `directory` (made when something is kept).
+
+    `restore` takes them up into a workspace and observes its committer from then on
+    (`storing`, `stored`); `save` keeps what the final commit could not commit.
+    """
 
     def __init__(self, directory: str, source: str) -> None:
         self.directory = directory
         self.source = source
-        #: file name -> the shards its chunks were put back into (see `restore`)
-        self._files: dict[str, set[ShardRef]] = {}
+        #: file name -> what it holds, for the files taken up (see `restore`)
+        self._kept: dict[str, _Kept] = {}
+        #: shard -> names of the files taken up that hold chunks of it
+        self._shards: dict[ShardRef, set[str]] = {}
+        self._lock = threading.Lock()  #: commits of different shards run at once
 
     def restore(self, workspace: Workspace) -> None:
         """Put every kept chunk back into the workspace's overlay (before it serves
-        anything). Files that cannot be taken up are left as they are, with a log line."""
+        anything), and follow the workspace's commits from now on. Files that cannot be
+        taken up are left as they are, with a log line."""
         for name in self._names():
             path = os.path.join(self.directory, name)
             try:
@@ -61,66 +91,159 @@ class Leftovers:
             except (OSError, ValueError) as e:
                 log.error("kept chunks %s cannot be read, left as they are: %s", path, e)
                 continue
-            refs = _put_back(workspace, key, chunks)
-            if refs is None:
+            shards = _put_back(workspace, key, chunks)
+            if shards is None:
                 log.error(
                     "kept chunks %s belong to %s, which is no longer an array; left as they are",
                     path,
                     key or "/",
                 )
                 continue
-            self._files[name] = refs
+            kept = _Kept(key, {c: d for c, d in chunks if c in shards}, shards)
+            self._kept[name] = kept
+            for ref in set(shards.values()):
+                self._shards.setdefault(ref, set()).add(name)
             log.warning(
                 "chunks of %s that an earlier mount could not commit are pending again: %d",
                 key or "/",
-                len(chunks),
+                len(kept.chunks),
             )
+            if not kept.chunks:  # every one dropped: nothing of this file is pending
+                try:
+                    self._update(name, {})
+                except OSError as e:
+                    log.error("cannot remove %s: %s", path, e)
+        workspace.committer.observers.append(self)
 
-    def prune(self, workspace: Workspace) -> None:
-        """Remove the files whose shards have all been committed since they were taken up."""
-        dirty = {ref for ref, _ in workspace.overlay.dirty_shards()}
-        for name, refs in list(self._files.items()):
-            if not refs & dirty:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.directory, name))
-                del self._files[name]
+    # -- following the commits (see `shardfs.writeback.commit.CommitObserver`) -----------
+
+    def storing(self, ref: ShardRef, chunks: Mapping[Coords, Buffer | None]) -> None:
+        """Before shard `ref` gets `chunks`: every kept file holding some of these
+        coordinates is rewritten to hold what is stored now, so that a kill during or
+        after the commit leaves it holding nothing older than the source."""
+        with self._lock:
+            for name in sorted(self._shards.get(ref, ())):
+                kept = self._kept[name]
+                changed = {
+                    coords: None if data is None else bytes(data)
+                    for coords, data in chunks.items()
+                    if coords in kept.chunks and kept.shards[coords] == ref
+                }
+                changed = {c: d for c, d in changed.items() if kept.chunks[c] != d}
+                if not changed:
+                    continue
+                try:
+                    self._update(name, {**kept.chunks, **changed})
+                except OSError as e:
+                    raise StorageError(
+                        f"cannot update the kept chunks {os.path.join(self.directory, name)} "
+                        f"before the commit: {e}"
+                    ) from None
+
+    def stored(self, ref: ShardRef, coords: Collection[Coords]) -> None:
+        """Shard `ref` holds `coords` now: the kept files drop them (a file left with
+        none is removed). If that fails the file keeps them, which is harmless: it holds
+        what the source holds, and the next commit or unmount tries again."""
+        with self._lock:
+            for name in sorted(self._shards.get(ref, ())):
+                kept = self._kept[name]
+                done = {c for c in coords if c in kept.chunks and kept.shards[c] == ref}
+                if not done:
+                    continue
+                try:
+                    self._update(name, {c: d for c, d in kept.chunks.items() if c not in done})
+                except OSError as e:
+                    log.error(
+                        "cannot drop committed chunks from %s (they are committed; it will be "
+                        "tried again): %s",
+                        os.path.join(self.directory, name),
+                        e,
+                    )
+
+    # -- the end of the mount ---------------------------------------------------------------
 
     def save(self, workspace: Workspace) -> list[ShardRef]:
-        """Keep the pending chunks of every shard still dirty (after the final commit) and
-        drop the files of shards committed since; returns the shards kept."""
-        kept: list[ShardRef] = []
-        written: set[str] = set()
-        for ref, _ in workspace.overlay.dirty_shards():
-            chunks = list(_stored_chunks(workspace, ref))
-            if not chunks:
-                continue
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            name = _file_name(ref)
-            _write(os.path.join(self.directory, name), ref[0], chunks)
-            written.add(name)
-            kept.append(ref)
-        if kept:
-            with open(os.path.join(self.directory, "source"), "w") as f:
-                f.write(self.source + "\n")
-        for name in self._names():
-            if name not in written and name in self._files:
-                os.unlink(os.path.join(self.directory, name))
-        if not self._names():  # nothing kept any more: no trace of this source either
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.directory, "source"))
-            with contextlib.suppress(OSError):
-                os.rmdir(self.directory)
-        return kept
+        """Keep the pending chunks of every shard still dirty (after the final commit);
+        returns the shards kept. Kept chunks taken up that are no longer pending were
+        committed and leave their files."""
+        with self._lock:
+            kept: list[ShardRef] = []
+            pending = {ref for ref, _ in workspace.overlay.dirty_shards()}
+            # What files taken up still hold and is still pending, by shard. A chunk whose
+            # newer content has no stored form now (the v2 metadata cannot be read) keeps
+            # the kept one: still newer than what the source holds.
+            earlier: dict[ShardRef, dict[Coords, bytes | None]] = {}
+            for kept_file in self._kept.values():
+                for coords, data in kept_file.chunks.items():
+                    ref = kept_file.shards[coords]
+                    if ref in pending and coords in workspace.overlay.changes(ref):
+                        earlier.setdefault(ref, {})[coords] = data
+            written: set[str] = set()
+            for ref in sorted(pending, key=repr):
+                chunks = dict(earlier.get(ref, {}))
+                chunks.update(_stored_chunks(workspace, ref))
+                if not chunks:
+                    continue
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                name = _file_name(ref)
+                _write(os.path.join(self.directory, name), ref[0], sorted(chunks.items()))
+                written.add(name)
+                kept.append(ref)
+            if kept:
+                with open(os.path.join(self.directory, "source"), "w") as f:
+                    f.write(self.source + "\n")
+            for name in list(self._kept):
+                if name not in written:  # all its chunks were committed
+                    path = os.path.join(self.directory, name)
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as e:  # harmless: it holds what the source holds
+                        log.error("cannot remove %s, whose chunks are committed: %s", path, e)
+                self._forget(name)
+            if not self._names():  # nothing kept any more: no trace of this source either
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.directory, "source"))
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.directory)
+            return kept
 
     def waiting(self) -> int:
         """How many shards have chunks kept here (for mounts that do not take them up)."""
         return len(self._names())
+
+    def _update(self, name: str, chunks: dict[Coords, bytes | None]) -> None:
+        """Make kept file `name` hold `chunks` (durably), or remove it if there are none.
+        What is recorded follows the disk as soon as it changed there."""
+        kept = self._kept[name]
+        path = os.path.join(self.directory, name)
+        if chunks:
+            _write(path, kept.key, sorted(chunks.items()), on_renamed=lambda: _set(kept, chunks))
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._forget(name)
+        _sync_dir(self.directory)
+
+    def _forget(self, name: str) -> None:
+        kept = self._kept.pop(name)
+        for ref in set(kept.shards.values()):
+            names = self._shards.get(ref)
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self._shards[ref]
 
     def _names(self) -> list[str]:
         try:
             return sorted(n for n in os.listdir(self.directory) if n.endswith(SUFFIX))
         except FileNotFoundError:
             return []
+
+
+def _set(kept: _Kept, chunks: dict[Coords, bytes | None]) -> None:
+    kept.chunks = dict(chunks)
 
 
 def _stored_chunks(workspace: Workspace, ref: ShardRef) -> Iterator[Chunk]:
@@ -150,13 +273,13 @@ def _stored_chunks(workspace: Workspace, ref: ShardRef) -> Iterator[Chunk]:
         yield coords, content
 
 
-def _put_back(workspace: Workspace, key: str, chunks: list[Chunk]) -> set[ShardRef] | None:
-    """Kept chunks of array `key` as pending entries of the overlay; the shards they fall
-    in, or None if `key` is not an array of the view any more."""
+def _put_back(workspace: Workspace, key: str, chunks: list[Chunk]) -> dict[Coords, ShardRef] | None:
+    """Kept chunks of array `key` as pending entries of the overlay; the shard of each
+    chunk put back, or None if `key` is not an array of the view any more."""
     array = workspace.ns.array_at(key)
     if array is None:
         return None
-    layout, refs = array.layout, set()
+    layout, refs = array.layout, {}
     for coords, stored in chunks:
         if len(coords) != layout.ndim or not layout.in_bounds(coords):
             log.error("a kept chunk %s of %s lies outside the array now; dropped", coords, key)
@@ -169,11 +292,15 @@ def _put_back(workspace: Workspace, key: str, chunks: list[Chunk]) -> set[ShardR
             content = array.v2.serve(stored) if array.v2 is not None else stored
             blob = workspace.buffer.new(content)
             workspace.overlay.put(Buffered(path, blob, Kind.CHUNK, ref, coords))
-        refs.add(ref)
+        refs[coords] = ref
     return refs
 
 
-def _write(path: str, key: str, chunks: list[Chunk]) -> None:
+def _write(
+    path: str, key: str, chunks: list[Chunk], on_renamed: Callable[[], None] | None = None
+) -> None:
+    """Write a kept file durably: a temp file made durable, renamed over `path`, the
+    directory made durable (`on_renamed` is called once the rename is done)."""
     header = {
         "format": FORMAT,
         "array": key,
@@ -188,7 +315,13 @@ def _write(path: str, key: str, chunks: list[Chunk]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.rename(temp, path)
-    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    if on_renamed is not None:
+        on_renamed()
+    _sync_dir(os.path.dirname(path))
+
+
+def _sync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:

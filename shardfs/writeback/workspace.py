@@ -375,12 +375,8 @@ class Workspace:
                     node = self._classify_path(entry.path)
                     self._store_metadata(node, entry.blob.getvalue())
                     entry.committed = generation
-        elif entry.kind is Kind.CHUNK and entry.shard is not None:
-            if self.overlay.entry(entry.path) is not entry:
-                return  # unlinked or renamed over while open: it will not be stored
-            array = self.ns.array_at(entry.shard[0])
-            if array is not None:
-                self._check_chunk(array, entry.path, entry.blob.size)
+        elif entry.kind is Kind.CHUNK:
+            self._check_open_chunk(entry)
 
     def release(self, handle: Handle) -> None:
         self._unpin(handle.entry, closing=True)
@@ -414,10 +410,17 @@ class Workspace:
                 entry.blob.release()
 
     def fsync(self, handle: Handle) -> None:
-        """Make the file durable: commit a chunk's shard now, store a metadata document."""
+        """Make the file durable: commit a chunk's shard now, store a metadata document.
+        A chunk that cannot be stored (see `_check_chunk`) fails with InvalidWrite, as on
+        close, and nothing of it is stored."""
         entry = handle.entry
         if entry.kind is Kind.CHUNK and entry.shard is not None:
-            self.committer.commit(entry.shard)
+            self._check_open_chunk(entry)
+            if entry in self.committer.commit(entry.shard):
+                # Changed to a wrong size between the check and the commit: discarded.
+                error = InvalidWrite(f"{entry.path}: cannot be stored, discarded")
+                error.logged = True  # the commit logged why
+                raise error
         elif entry.kind is Kind.METADATA:
             self.flush(handle)
 
@@ -538,6 +541,15 @@ class Workspace:
         if chunk is not None:
             # Even if the source does not hold it yet: a commit may be storing it right now.
             self.overlay.put(Whiteout(node.path, chunk, node.coords))
+
+    def _check_open_chunk(self, entry: Buffered) -> None:
+        """`_check_chunk` for an open chunk file, unless it left the view (unlinked or
+        renamed over while open: it will not be stored)."""
+        if entry.shard is None or self.overlay.entry(entry.path) is not entry:
+            return
+        array = self.ns.array_at(entry.shard[0])
+        if array is not None:
+            self._check_chunk(array, entry.path, entry.blob.size)
 
     @staticmethod
     def _check_chunk(array: ArrayView, path: str, size: int) -> None:
