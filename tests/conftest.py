@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import zarr
 
 from shardfs.fuse.mounts import mount_type, runtime_dir, unmount
 from tests.zarr2 import Zarr2, ensure_zarr2
@@ -71,6 +72,19 @@ def stop_mount(mounted: Mounted) -> None:
         mounted.process.wait(timeout=15)
     if mount_type(path) == "fuse.shardfs":
         unmount(path, lazy=True)
+
+
+def one_shard_array(
+    root: Path, name: str, shape: tuple[int, int], chunks: tuple[int, int], value: int, **codecs
+) -> None:
+    """zarr-python 3 writes array `name` of uint8 `value`s into group `root`: one shard of
+    inner `chunks` (uncompressed unless `codecs` say otherwise)."""
+    group = zarr.open_group(root, mode="a")
+    kwargs = {"compressors": None, **codecs}
+    array = group.create_array(
+        name, shape=shape, dtype="u1", chunks=chunks, shards=shape, fill_value=0, **kwargs
+    )
+    array[:] = value
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, View
 from shardfs.writeback import Workspace, WriteBuffer
 from shardfs.writeback.leftover import Leftovers
-from tests.conftest import Mounted, start_mount, stop_mount
+from tests.conftest import Mounted, one_shard_array, start_mount, stop_mount
 
 OLD, NEW, OTHER = 0x11, 0x22, 0x33  #: kept, written after it was taken up, still open
 INITIAL = 7
@@ -42,18 +42,8 @@ def make_source(root: Path) -> None:
     """As the repro (mk_lo.py): one shard of 2x2 raw chunks of 4x4 bytes, all 7; and `b`,
     the same with crc32c after the bytes, so that its stored chunks differ from what the
     v2 view serves."""
-    group = zarr.open_group(root, mode="w")
-    for name, compressors in (("a", None), ("b", Crc32cCodec())):
-        array = group.create_array(
-            name,
-            shape=(8, 8),
-            dtype="u1",
-            chunks=(4, 4),
-            shards=(8, 8),
-            compressors=compressors,
-            fill_value=0,
-        )
-        array[:] = INITIAL
+    one_shard_array(root, "a", (8, 8), (4, 4), INITIAL)
+    one_shard_array(root, "b", (8, 8), (4, 4), INITIAL, compressors=Crc32cCodec())
 
 
 def chunk_values(root: Path, name: str = "a") -> np.ndarray:
@@ -353,3 +343,47 @@ def test_whatever_commits_kept_chunks_forgets_them(tmp_path: Path, commit: str) 
     assert c.sync() == 0
     values = chunk_values(source)
     assert values[0, 0] == NEW and values[1, 1] == OLD, values
+
+
+@pytest.mark.fuse
+def test_only_one_running_mount_takes_kept_chunks_up(tmp_path: Path) -> None:
+    """Two read-write mounts of one source, kept chunks waiting: only the first takes them
+    up. Were both to, the second would commit the kept (older) bytes at its unmount, over
+    what the first committed since. The second keeps what it cannot commit itself in a file
+    of its own, never over the first's; the next mount takes both up."""
+    source, spool = tmp_path / "src", tmp_path / "spool"
+    make_source(source)
+    shard = source / "a" / "c" / "0" / "0"
+    shard.write_bytes(keep_chunks(tmp_path, source, spool, [KEY]))
+    options = ("rw", "flush_interval=600", f"spool={spool}")
+    first = start_mount(source, tmp_path / "mntB", tmp_path / "B.log", *options)
+    second = start_mount(source, tmp_path / "mntC", tmp_path / "C.log", *options)
+    try:
+        assert (first.path / KEY).read_bytes() == filled(OLD)
+        assert (second.path / KEY).read_bytes() == filled(INITIAL), "taken up twice"
+        assert "are with another running mount of this source" in second.log()
+        with open(first.path / KEY, "r+b") as f:
+            f.write(filled(NEW))
+            f.flush()
+            os.fsync(f.fileno())
+        assert chunk_values(source)[0, 0] == NEW
+        assert not kept_files(spool), "committed kept chunks leave their file"
+        # The second mount writes another chunk of the same shard, which it cannot commit.
+        (second.path / "a/c/1/1").write_bytes(filled(OTHER))
+        (first.path / "a/c/0/1").write_bytes(filled(OLD))
+        intact = break_index(shard)
+        stop_mount(second)
+        assert second.process.returncode == 1, second.log()
+        shard.write_bytes(intact)
+        stop_mount(first)  # commits (0, 1)
+        assert first.process.returncode == 0, first.log()
+    finally:
+        stop_mount(second)
+        stop_mount(first)
+    assert len(kept_files(spool)) == 1
+    assert chunk_values(source).tolist() == [[NEW, OLD], [INITIAL, INITIAL]]
+    last = start_mount(source, tmp_path / "mntD", tmp_path / "D.log", *options)
+    stop_mount(last)
+    assert last.process.returncode == 0, last.log()
+    assert chunk_values(source).tolist() == [[NEW, OLD], [INITIAL, OTHER]]
+    assert not kept_files(spool)

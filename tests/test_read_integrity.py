@@ -23,7 +23,7 @@ from zarr.codecs import BytesCodec, ShardingCodec
 
 from shardfs.storage import LocalStorage
 from tests.backends import Source
-from tests.conftest import Mounted
+from tests.conftest import Mounted, one_shard_array
 
 MIB = 1 << 20
 #: 6 MiB inner chunks of uint32: over the 4 MiB a reader takes whole, so they are read in pieces
@@ -127,15 +127,7 @@ def test_readers_of_another_mount_never_fail_during_big_appends(tmp_path: Path, 
     """One mount commits 15 MiB into one shard per fsync, ten times; another mount's reader of
     an untouched chunk of that shard sees neither an error nor a corrupt shard meanwhile."""
     source = tmp_path / "src"
-    group = zarr.open_group(source, mode="w")
-    group.create_array(
-        "a",
-        shape=(4096, 4096),
-        dtype="u1",
-        chunks=(1024, 1024),
-        shards=(4096, 4096),
-        compressors=None,
-    )[:] = 7
+    one_shard_array(source, "a", (4096, 4096), (1024, 1024), 7)
     w = mount(source, "rw")
     r = mount(source, "rw")  # rw: the kernel keeps no page cache across opens
     stop = tmp_path / "stop"

@@ -17,7 +17,7 @@ import pytest
 import zarr
 
 from shardfs.writeback.buffer import WriteBuffer
-from tests.conftest import stop_mount
+from tests.conftest import one_shard_array, stop_mount
 
 CHUNK = 512 * 1024  # one inner chunk of the sources below (uint8, 512 x 1024)
 OPTIONS = ("rw", "write_buffer=768K", "flush_interval=600")
@@ -25,17 +25,7 @@ OPTIONS = ("rw", "write_buffer=768K", "flush_interval=600")
 
 def _source(path: Path) -> Path:
     """A source as zarr-python 3 writes it: one shard of 2 x 2 inner chunks, all 7."""
-    group = zarr.open_group(str(path), mode="w")
-    array = group.create_array(
-        "a",
-        shape=(1024, 2048),
-        dtype="u1",
-        chunks=(512, 1024),
-        shards=(1024, 2048),
-        compressors=None,
-        fill_value=0,
-    )
-    array[:] = 7
+    one_shard_array(path, "a", (1024, 2048), (512, 1024), 7)
     return path
 
 

@@ -389,7 +389,14 @@ def _leftovers(
         source_id = f"{source} {options.s3.get('endpoint_url', '')}".rstrip()
     leftovers = Leftovers(options.leftover_dir(source_id), source_id)
     if isinstance(view, Workspace):
-        leftovers.restore(view)
+        if leftovers.claim():
+            leftovers.restore(view)
+        elif leftovers.waiting():
+            log.warning(
+                "chunks that an earlier mount could not commit (shards: %d) are with another "
+                "running mount of this source, which commits them",
+                leftovers.waiting(),
+            )
         return leftovers
     if leftovers.waiting():
         log.warning(

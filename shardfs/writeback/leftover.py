@@ -18,6 +18,12 @@ or something newer: a daemon killed at any moment loses nothing of them, and
 the next mount never puts older bytes over newer ones. A chunk still pending
 (open for writing, or its commit failed) stays in its file.
 
+Only one running mount takes a source's kept chunks up (`claim`): two would both
+commit them, and the later commit would put the kept bytes back over newer ones
+that the other had committed since. Another read-write mount of the source
+leaves them to the one that has them, and keeps what it cannot commit itself in
+files of its own names, next to theirs; the next mount takes all of them up.
+
 File layout: one JSON line `{"format": 1, "array": KEY, "chunks": [[COORDS,
 SIZE], ...]}` (SIZE -1 for a deleted chunk), then the chunks' bytes in that
 order. Files are written to a temporary name, made durable and renamed.
@@ -26,10 +32,12 @@ order. Files are written to a temporary name, made durable and renamed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -79,6 +87,31 @@ class Leftovers:
         #: shard -> names of the files taken up that hold chunks of it
         self._shards: dict[ShardRef, set[str]] = {}
         self._lock = threading.Lock()  #: commits of different shards run at once
+        #: the descriptor holding the claim (see `claim`), for the daemon's life
+        self._claim: int | None = None
+
+    def claim(self) -> bool:
+        """Take this source's kept chunks for the daemon's life (an `flock` on a file next
+        to their directory, which the kernel drops when the daemon ends); False if another
+        running mount holds them."""
+        os.makedirs(os.path.dirname(self.directory), mode=0o700, exist_ok=True)
+        path = self.directory + ".lock"
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            try:
+                named = os.stat(path)
+            except FileNotFoundError:
+                named = None
+            mine = os.fstat(fd)
+            if named is not None and (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino):
+                self._claim = fd
+                return True
+            os.close(fd)  # its holder removed it as it left (see `save`): take the new one
 
     def restore(self, workspace: Workspace) -> None:
         """Put every kept chunk back into the workspace's overlay (before it serves
@@ -185,7 +218,7 @@ class Leftovers:
                 if not chunks:
                     continue
                 os.makedirs(self.directory, mode=0o700, exist_ok=True)
-                name = _file_name(ref)
+                name = self._save_name(ref)
                 _write(os.path.join(self.directory, name), ref[0], sorted(chunks.items()))
                 written.add(name)
                 kept.append(ref)
@@ -207,7 +240,24 @@ class Leftovers:
                     os.unlink(os.path.join(self.directory, "source"))
                 with contextlib.suppress(OSError):
                     os.rmdir(self.directory)
+                if self._claim is not None:  # removed while held: see `claim`
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.directory + ".lock")
             return kept
+
+    def _save_name(self, ref: ShardRef) -> str:
+        """The file to keep shard `ref`'s chunks in: its own name, unless a file there holds
+        chunks this mount did not take up (another mount's, which must not be overwritten);
+        then a name of its own, made exclusively."""
+        name = _file_name(ref)
+        if name in self._kept:
+            return name
+        while True:
+            try:
+                os.close(os.open(os.path.join(self.directory, name), os.O_CREAT | os.O_EXCL, 0o600))
+                return name
+            except FileExistsError:
+                name = f"{name.removesuffix(SUFFIX)}.{secrets.token_hex(4)}{SUFFIX}"
 
     def waiting(self) -> int:
         """How many shards have chunks kept here (for mounts that do not take them up)."""
