@@ -94,10 +94,13 @@ class Leftovers:
         """Take this source's kept chunks for the daemon's life (an `flock` on a file next
         to their directory, which the kernel drops when the daemon ends); False if another
         running mount holds them."""
-        os.makedirs(os.path.dirname(self.directory), mode=0o700, exist_ok=True)
         path = self.directory + ".lock"
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            os.makedirs(os.path.dirname(self.directory), mode=0o700, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except FileNotFoundError:
+                continue  # its directory was removed as another mount left (see `save`)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -243,6 +246,8 @@ class Leftovers:
                 if self._claim is not None:  # removed while held: see `claim`
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(self.directory + ".lock")
+                    with contextlib.suppress(OSError):  # unless other sources keep some
+                        os.rmdir(os.path.dirname(self.directory))
             return kept
 
     def _save_name(self, ref: ShardRef) -> str:
