@@ -8,7 +8,9 @@ chunk shape, other codecs, another data type) cannot be expressed without
 rewriting every shard, so it is refused with InvalidWrite.
 
 New nodes are stored as written (a v2 `.zarray` becomes the equivalent v3
-array), optionally sharded (`shard_new`).
+array), optionally sharded (`shard_new`). A `zarr.json` that asks for sharded
+storage itself is refused (see `check_sharding`): the view shows every array
+unsharded, so the writer's shards would be taken for inner chunks.
 """
 
 from __future__ import annotations
@@ -99,13 +101,22 @@ def _check_shape(source: dict[str, Any], shape: Any) -> list[int]:
 
 
 def updated_v3(
-    source: dict[str, Any], view: dict[str, Any], written: dict[str, Any]
+    source: dict[str, Any],
+    view: dict[str, Any],
+    written: dict[str, Any],
+    shard_new: int | None = None,
+    what: str = "zarr.json",
 ) -> dict[str, Any]:
-    """The source metadata of an array (or group) whose view `zarr.json` was replaced."""
+    """The source metadata of an array (or group) whose view `zarr.json` was replaced.
+
+    `shard_new` (the mount's option) and `what` (the document's path) only shape the
+    refusal of a document that changes the sharding (see `check_sharding`).
+    """
     if written.get("node_type") != source.get("node_type"):
-        raise InvalidWrite("zarr.json: node_type cannot change through the view")
+        raise InvalidWrite(f"{what}: node_type cannot change through the view")
+    check_sharding(view, written, shard_new, what)
     mutable = MUTABLE if is_array(source) else frozenset({"attributes"})
-    _check_same(view, written, mutable, "zarr.json")
+    _check_same(view, written, mutable, what)
     new = dict(source)
     for field in mutable:
         if field in written:
@@ -147,15 +158,75 @@ def updated_from_zarray(
 # -- new nodes ---------------------------------------------------------------------------
 
 
-def new_v3(raw: bytes, shard_new: int | None) -> bytes:
-    """A new node's `zarr.json` as the source stores it: as written, or sharded."""
+def new_v3(
+    raw: bytes,
+    shard_new: int | None,
+    shown: Any = None,
+    what: str = "zarr.json",
+) -> bytes:
+    """A `zarr.json` the source stores as written: a new node's (`shown` None; an array
+    is stored sharded with `shard_new`), or the replacement of what the view `shown`
+    as stored (a group, an unsharded array, an array the view shows unchanged).
+
+    A document that changes how an array is sharded is refused (`check_sharding`).
+    """
     try:
         meta = parse_node(raw)
     except InvalidMetadata as e:
         raise InvalidWrite(str(e)) from None
-    if not is_array(meta) or not shard_new:
+    check_sharding(shown, meta, shard_new, what)
+    if shown is not None or not is_array(meta) or not shard_new:
         return raw
     return render(shard(meta, shard_new))
+
+
+def _codec_name(codec: Any) -> Any:
+    return codec.get("name") if isinstance(codec, dict) else codec
+
+
+def _sharding(meta: Any) -> tuple[Any, Any] | None:
+    """How `meta` shards an array: its chunk grid and codecs if a codec is
+    `sharding_indexed`; None for an unsharded array, a group, or no node."""
+    if not isinstance(meta, dict) or not is_array(meta):
+        return None
+    codecs = meta.get("codecs")
+    if not isinstance(codecs, list) or not any(_codec_name(c) == SHARDING for c in codecs):
+        return None
+    return meta.get("chunk_grid"), _codecs(codecs)
+
+
+def check_sharding(shown: Any, written: dict[str, Any], shard_new: int | None, what: str) -> None:
+    """Refuse (InvalidWrite) a `zarr.json` that shards an array otherwise than the
+    document the view showed at its place (`shown`; None where there was none).
+
+    The view shows sharded arrays unsharded, so a writer never sees a sharded array
+    it could write: a writer asking for sharding (a new sharded array, sharding added
+    to an array or group, the sharding of an array changed or removed) would write
+    whole shards at keys the mount takes for inner chunks (or leave stored chunks to
+    be read in another layout). The documents the view shows, and arrays it shows
+    unchanged, rewritten with the same sharding, pass.
+    """
+    old, new = _sharding(shown), _sharding(written)
+    if old is None and new is None:
+        return
+    if old is not None and new is not None and _same(old[0], new[0]) and _same(old[1], new[1]):
+        return
+    option = f"-o shard_new={shard_new}" if shard_new else "-o shard_new=N"
+    if not isinstance(shown, dict) or not is_array(shown):
+        if shard_new:
+            hint = f"this mount ({option}) stores it sharded, {shard_new} inner chunks"
+        else:
+            hint = f"mount with {option} to store it sharded, N inner chunks"
+        raise InvalidWrite(
+            f"{what}: a sharded array cannot be created through the mount, which shows every "
+            "array unsharded (the writer's shards would be stored as inner chunks); create it "
+            f"unsharded: {hint} per shard along each axis"
+        )
+    raise InvalidWrite(
+        f"{what}: the sharding of an existing array cannot change through the mount, which "
+        "shows arrays unsharded and keeps how the source stores them (new arrays are stored "
+        f"sharded with {option})"
+    )
 
 
 def shard(meta: dict[str, Any], per_axis: int) -> dict[str, Any]:

@@ -581,13 +581,19 @@ class Workspace:
             self.storage.put(key, [data], ABSENT if stat is None else stat.version)
 
     def _v3_document(self, directory: str, source: dict | None, raw: bytes) -> bytes:
+        """What the source stores for a `zarr.json` written in the v3 view. A document that
+        asks for sharding the view did not show (a new sharded array, the sharding of an
+        array added, changed or removed) is refused: see `mw.check_sharding`."""
+        what = join(directory, METADATA)
         if source is None:
-            return mw.new_v3(raw, self.shard_new)
+            return mw.new_v3(raw, self.shard_new, what=what)
         written = mw.parse_written(raw, "zarr.json")
         array = self.ns.array_at(directory)
         if array is None or not array.layout.levels:
-            return mw.new_v3(raw, None)  # a group or unsharded array: stored as written
-        return render(mw.updated_v3(source, json.loads(array.layout.view_metadata), written))
+            # A group, an unsharded array or an array shown unchanged: stored as written.
+            return mw.new_v3(raw, self.shard_new, shown=source, what=what)
+        view = json.loads(array.layout.view_metadata)
+        return render(mw.updated_v3(source, view, written, self.shard_new, what))
 
     def _v2_document(
         self, directory: str, name: str, source: dict | None, raw: bytes
