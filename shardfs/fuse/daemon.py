@@ -3,7 +3,8 @@
 pyfuse3 keeps global state, so there is one mount per process. However the
 mount ends (SIGTERM, SIGINT, `umount`, `fusermount3 -u`, `shardfs umount`),
 a read-write daemon commits what it still buffers before it exits, and keeps
-what it cannot commit on disk for the next mount (`shardfs.writeback.leftover`).
+what it cannot commit on disk for the next mount (`shardfs.writeback.leftover`);
+then it removes what it kept in the source for writing (`Storage.tidy`).
 Under systemd it reports readiness and shutdown through sd_notify.
 """
 
@@ -128,6 +129,7 @@ def serve(
                 except Exception:
                     log.exception("the final commit failed")
                     outcome = "the final commit failed"
+                _tidy(view)
         finally:
             lock.release(outcome)
     return outcome
@@ -187,6 +189,17 @@ def _final_commit(workspace: Workspace, leftovers: Leftovers | None) -> str:
     return f"could not commit {_shards(len(failed))}" + (
         f"; kept in {leftovers.directory}" if kept and leftovers is not None else ""
     )
+
+
+def _tidy(workspace: Workspace) -> None:
+    """Leave the source without a trace of shardfs (a local source's `.shardfs/`), unless
+    something in it is left for the next mount's recovery or another writer is at work:
+    the storage removes only what nobody uses, so this is safe whatever the final commit
+    did (no commit of ours runs any more). A failure only costs that trace: logged."""
+    try:
+        workspace.storage.tidy()
+    except (ShardfsError, OSError) as e:
+        log.warning("could not remove the private area of the source: %s", e)
 
 
 def _shards(count: int) -> str:

@@ -212,6 +212,14 @@ class Storage(ABC):
         in progress instead of mistaking them for crashed ones.
         """
 
+    def tidy(self) -> None:
+        """Remove what the store keeps of its own for writers (a local source's `.shardfs/`)
+        if nothing of it is in use and nothing is left for `recover`, so that a source
+        written through shardfs holds nothing else. For the end of a process that wrote;
+        safe while other processes write to the same source (it then leaves it to them).
+        Stores that keep nothing of their own do nothing."""
+        return None
+
     @abstractmethod
     def pending_recovery(self) -> list[str]:
         """Keys with an unfinished-write record, changing nothing.

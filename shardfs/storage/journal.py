@@ -14,6 +14,26 @@ Layout below the source root (the storage hides it from readers):
 
 Linux-only: open-file-description locks are what make threads of one process
 exclude each other as well as other processes.
+
+The area exists only while it is needed: writers make it, and `Journal.tidy`
+removes it again once nothing is in it and nobody holds a lock (at the end
+of a read-write mount, of fsck and compact), so a source that shardfs wrote
+to looks as if written by anything else. Removing a lock file that other
+processes have open is what needs care: a lock taken on a file that is no
+longer the one the path names excludes nobody. So
+
+* tidy takes a lock on the whole lock file without waiting (it gets it only
+  if no key is locked), removes `journal/` and `tmp/` if empty, unlinks the
+  lock file while still holding that lock, and only then removes `.shardfs/`;
+* every lock taker, once it has its lock, checks that the path still names
+  the file it locked, else it drops that lock and starts over on the file
+  that is there now (making the area again if it is gone); only then does
+  it make `journal/` and `tmp/`, which a tidy thus never removes under it.
+
+A lock taken on the file the path named at that moment excludes every other
+such lock on that key: the file is unlinked only under a lock on all of it,
+so whoever verified a lock on it had released that lock before the unlink,
+and everyone who locks it afterwards finds it unlinked.
 """
 
 from __future__ import annotations
@@ -26,6 +46,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import struct
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -82,16 +103,25 @@ def fsync_dir(path: str) -> None:
 
 
 def makedirs_durably(path: str) -> None:
-    """`mkdir -p` that fsyncs each parent it adds an entry to, so new directories survive power loss."""
+    """`mkdir -p` that fsyncs each parent it adds an entry to, so new directories survive power loss.
+
+    A directory that someone removes while this makes it (a tidy of the private
+    area) is made again.
+    """
     if os.path.isdir(path):
         return
     makedirs_durably(os.path.dirname(path))
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        if not os.path.isdir(path):
+    while True:
+        try:
+            os.mkdir(path)
+            break
+        except FileExistsError:
+            try:
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    break  # made by a concurrent writer, which may not have fsynced the parent yet
+            except FileNotFoundError:
+                continue  # and removed again since
             raise
-        # made by a concurrent writer, which may not have fsynced the parent yet
     fsync_dir(os.path.dirname(path))
 
 
@@ -101,9 +131,23 @@ def remove_quietly(path: str) -> None:
         os.unlink(path)
 
 
-def _lock(fd: int, offset: int, wait: bool) -> bool:
-    """Write-lock one byte; without `wait`, False if another open file description holds it."""
-    arg = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+def remove_empty_dir(path: str) -> bool:
+    """rmdir `path` if it is empty; whether it is gone (False: something is in it)."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass  # removed by someone else: gone all the same
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            return False
+        raise
+    return True
+
+
+def _lock(fd: int, offset: int, wait: bool, length: int = 1) -> bool:
+    """Write-lock `length` bytes (0: to the end of any file); without `wait`, False if
+    another open file description holds one of them."""
+    arg = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, length, 0)
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
     except OSError as e:
@@ -178,23 +222,99 @@ class Journal:
     def exists(self) -> bool:
         return os.path.isdir(self.area)
 
-    def prepare(self) -> None:
-        """Create the area; only writers call this, so read-only use leaves no trace."""
-        makedirs_durably(self.entries)
-        makedirs_durably(self.temps)
+    def _acquire(self, offset: int, length: int, wait: bool, make: bool) -> int | None:
+        """An open file description of the lock file with `length` bytes at `offset` locked
+        (see `_lock`), on the file that the lock path names once the lock is held; None if
+        they are locked and not `wait`. Closing it releases the lock.
 
-    def _open_lock_file(self) -> int:
-        return os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        With `make`, an area that is gone (a tidy removed it) is made again; without,
+        FileNotFoundError says it is gone.
+        """
+        while True:
+            try:
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            except FileNotFoundError:
+                if not make:
+                    raise
+                makedirs_durably(self.area)
+                continue
+            try:
+                if not _lock(fd, offset, wait, length):
+                    os.close(fd)
+                    return None
+                if self._is_lock_file(fd):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # a tidy unlinked the file we locked: start over on the one there now
+
+    def _is_lock_file(self, fd: int) -> bool:
+        """Whether the lock path still names the file open as `fd`. Our descriptor keeps
+        that inode allocated, so no new file can have its number."""
+        st = os.fstat(fd)
+        try:
+            named = os.stat(self.lock_path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return (st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
 
     @contextlib.contextmanager
     def locked(self, key: str) -> Iterator[None]:
-        """Hold `key`'s lock. A fresh open file description per call, so threads exclude each other too."""
-        fd = self._open_lock_file()
+        """Hold `key`'s lock, with the area there for whatever the holder writes into it.
+
+        A fresh open file description per call, so threads exclude each other too.
+        """
+        fd = self._acquire(lock_offset(key), 1, wait=True, make=True)
+        assert fd is not None
         try:
-            _lock(fd, lock_offset(key), wait=True)
+            # Only now: a tidy removes these while it holds the whole lock file, or
+            # before it unlinks it, so never after a lock on the current file was taken.
+            makedirs_durably(self.entries)
+            makedirs_durably(self.temps)
             yield
         finally:
             os.close(fd)  # releases the lock, as a crash would
+
+    def tidy(self) -> str | None:
+        """Remove the area if nothing is in it and nobody holds a lock; None once it is
+        gone, else why it stays. Safe while other processes write to the source (see
+        the module docstring); whoever is at work then leaves it."""
+        while True:
+            try:
+                fd = self._acquire(0, 0, wait=False, make=False)
+            except FileNotFoundError:
+                return None  # no area (or another tidy just removed it)
+            except NotADirectoryError:
+                return f"{self.area} is not a directory"
+            if fd is None:
+                return "another writer of the source is at work"
+            try:
+                if self.names():
+                    return "it holds journal entries for recovery"
+                if self._temp_names():
+                    return "it holds temp files of writers that crashed"
+                if not (remove_empty_dir(self.entries) and remove_empty_dir(self.temps)):
+                    return "its journal/ or tmp/ holds files of another tool"
+                os.unlink(self.lock_path)
+            finally:
+                os.close(fd)
+            if not remove_empty_dir(self.area):
+                try:
+                    foreign = set(os.listdir(self.area)) - {"lock", "journal", "tmp"}
+                except FileNotFoundError:
+                    foreign = set()  # removed by another tidy since
+                if foreign:
+                    return "it holds files of another tool"
+                continue  # a writer has come since: look again
+            fsync_dir(os.path.dirname(self.area))
+            return None
+
+    def _temp_names(self) -> list[str]:
+        try:
+            return os.listdir(self.temps)
+        except FileNotFoundError:
+            return []
 
     def create_temp(self, key: str) -> tuple[int, str]:
         """A new temp file for a writer holding `key`'s lock; its name says which lock that is."""
@@ -292,21 +412,21 @@ class Journal:
 
         Returns how many were removed.
         """
-        try:
-            names = os.listdir(self.temps)
-        except FileNotFoundError:
-            return 0
         removed = 0
-        for name in names:
+        for name in self._temp_names():
             match = _TEMP_NAME.fullmatch(name)
             if not match:
                 continue  # not ours to judge
-            fd = self._open_lock_file()
             try:
-                if _lock(fd, int(match[1]), wait=False):
-                    with contextlib.suppress(FileNotFoundError):  # renamed by a writer just done
-                        os.unlink(os.path.join(self.temps, name))
-                        removed += 1
+                fd = self._acquire(int(match[1]), 1, wait=False, make=False)
+            except FileNotFoundError:
+                break  # the area is gone: a tidy found no temp file left
+            if fd is None:
+                continue  # its writer is alive
+            try:
+                with contextlib.suppress(FileNotFoundError):  # renamed by a writer just done
+                    os.unlink(os.path.join(self.temps, name))
+                    removed += 1
             finally:
                 os.close(fd)
         return removed

@@ -4,16 +4,20 @@ Writes are crash-safe: `put` renames a durable temp file over the object,
 `append` writes in place under a journal entry that `recover` uses to keep a
 whole tail or cut a torn one (see `shardfs.storage.journal`). Writers of one
 key serialize on a lock in the private `.shardfs/` area, which readers never
-see.
+see, and which `tidy` removes once it is not needed: a process that wrote
+through a `LocalStorage` tidies its source when it exits, if it has not done so
+itself.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import os
 import secrets
 import stat as stat_mod
+import threading
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +31,33 @@ log = logging.getLogger("shardfs")
 
 # Temp files of `put` next to the key when the private area is on another file system.
 _FALLBACK_TEMP = ".shardfs-tmp."
+
+# The private areas this process wrote to, which it tidies when it exits (see `_tidy_at_exit`).
+_written: dict[Path, journal.Journal] = {}
+_written_lock = threading.Lock()
+
+
+def _remember(area: journal.Journal, root: Path) -> None:
+    """Tidy `area` when the process exits: `shardfs fsck` and `shardfs compact` then leave
+    no trace without asking, and neither does a library user that forgets to."""
+    if root in _written:
+        return
+    with _written_lock:
+        if not _written:
+            atexit.register(_tidy_at_exit)
+        _written.setdefault(root, area)
+
+
+def _tidy_at_exit() -> None:
+    """Tidy every private area this process wrote to; at exit an error is only logged."""
+    for root, area in list(_written.items()):
+        try:
+            why = area.tidy()
+        except OSError as e:
+            log.warning("%s: could not remove %s: %s", root, journal.PRIVATE, e.strerror or e)
+            continue
+        if why is not None:
+            log.debug("%s: %s stays: %s", root, journal.PRIVATE, why)
 
 
 def _is_private(key: str) -> bool:
@@ -211,8 +242,8 @@ class LocalStorage(Storage):
         the key's path and maps OS errors to StorageError."""
         check_may_block()
         path = self._path(key)
+        _remember(self._journal, self.root)
         try:
-            self._journal.prepare()
             with self._journal.locked(key):
                 self._settle_before_write(key, path)
                 yield path
@@ -297,6 +328,7 @@ class LocalStorage(Storage):
         check_may_block()
         if not self._journal.exists():
             return []  # nothing was ever written through shardfs: leave no trace
+        _remember(self._journal, self.root)
         lines = [line for name in self._journal_names() if (line := self._recover_entry(name))]
         try:
             removed = self._journal.sweep_temps()
@@ -305,6 +337,17 @@ class LocalStorage(Storage):
         if removed:
             lines.append(f"{self._journal.temps}: removed {removed} temp files of crashed writers")
         return lines
+
+    def tidy(self) -> None:
+        check_may_block()
+        try:
+            why = self._journal.tidy()
+        except OSError as e:
+            raise StorageError(f"{self._journal.area}: {e.strerror or e}") from None
+        if why is None:
+            log.debug("%s: no %s left", self.root, journal.PRIVATE)
+        else:
+            log.info("%s stays: %s", self._journal.area, why)
 
     def _recover_entry(self, name: str) -> str | None:
         """Settle one entry under its key's lock, so a live writer finishes first."""
