@@ -543,8 +543,18 @@ def _fsck(args: argparse.Namespace) -> int:
         return 2
     with Progress("fsck", sys.stderr) as progress:
         report = fsck(storage, repair=not args.dry_run, progress=progress)
+    if not args.dry_run:
+        _tidy(storage)
     print("\n".join(report.lines()))
     return 0 if report.clean else 1
+
+
+def _tidy(storage: Storage) -> None:
+    """Leave no trace of a run that wrote (see `Storage.tidy`); failing that, say so."""
+    try:
+        storage.tidy()
+    except ShardfsError as e:
+        print(f"shardfs: warning: {e}", file=sys.stderr)
 
 
 def _compact(args: argparse.Namespace) -> int:
@@ -558,5 +568,6 @@ def _compact(args: argparse.Namespace) -> int:
         return 2
     with Progress("compact", sys.stderr) as progress:
         report = compact(storage, policy, progress)
+    _tidy(storage)
     print("\n".join(report.lines()))
     return 0 if report.ok else 1

@@ -4,20 +4,17 @@ Writes are crash-safe: `put` renames a durable temp file over the object,
 `append` writes in place under a journal entry that `recover` uses to keep a
 whole tail or cut a torn one (see `shardfs.storage.journal`). Writers of one
 key serialize on a lock in the private `.shardfs/` area, which readers never
-see, and which `tidy` removes once it is not needed: a process that wrote
-through a `LocalStorage` tidies its source when it exits, if it has not done so
-itself.
+see, and which `tidy` removes once it is not needed (the end of a read-write
+mount, of `shardfs fsck` and of `shardfs compact` call it).
 """
 
 from __future__ import annotations
 
-import atexit
 import errno
 import logging
 import os
 import secrets
 import stat as stat_mod
-import threading
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,33 +28,6 @@ log = logging.getLogger("shardfs")
 
 # Temp files of `put` next to the key when the private area is on another file system.
 _FALLBACK_TEMP = ".shardfs-tmp."
-
-# The private areas this process wrote to, which it tidies when it exits (see `_tidy_at_exit`).
-_written: dict[Path, journal.Journal] = {}
-_written_lock = threading.Lock()
-
-
-def _remember(area: journal.Journal, root: Path) -> None:
-    """Tidy `area` when the process exits: `shardfs fsck` and `shardfs compact` then leave
-    no trace without asking, and neither does a library user that forgets to."""
-    if root in _written:
-        return
-    with _written_lock:
-        if not _written:
-            atexit.register(_tidy_at_exit)
-        _written.setdefault(root, area)
-
-
-def _tidy_at_exit() -> None:
-    """Tidy every private area this process wrote to; at exit an error is only logged."""
-    for root, area in list(_written.items()):
-        try:
-            why = area.tidy()
-        except OSError as e:
-            log.warning("%s: could not remove %s: %s", root, journal.PRIVATE, e.strerror or e)
-            continue
-        if why is not None:
-            log.debug("%s: %s stays: %s", root, journal.PRIVATE, why)
 
 
 def _is_private(key: str) -> bool:
@@ -242,7 +212,6 @@ class LocalStorage(Storage):
         the key's path and maps OS errors to StorageError."""
         check_may_block()
         path = self._path(key)
-        _remember(self._journal, self.root)
         try:
             with self._journal.locked(key):
                 self._settle_before_write(key, path)
@@ -328,7 +297,6 @@ class LocalStorage(Storage):
         check_may_block()
         if not self._journal.exists():
             return []  # nothing was ever written through shardfs: leave no trace
-        _remember(self._journal, self.root)
         lines = [line for name in self._journal_names() if (line := self._recover_entry(name))]
         try:
             removed = self._journal.sweep_temps()
