@@ -1,7 +1,8 @@
 """What the mount has been told but the source does not hold yet, by view path.
 
 The overlay sits on top of the source's view: buffered files (chunks waiting
-for their commit, and scratch files that never reach the source), deleted
+for their commit, files being written that are stored as written when closed,
+and scratch files that never reach the source), deleted
 chunks waiting for theirs, and directories made by `mkdir` that exist only in
 the view. It also tracks which shards have uncommitted changes and since
 when, which is what the committer works from. One lock guards it all; the
@@ -27,6 +28,9 @@ class Kind(Enum):
     SCRATCH = auto()  #: a file only the mount holds (temp files, anything not a node or chunk)
     CHUNK = auto()  #: a chunk of an array, committed into its shard
     METADATA = auto()  #: a metadata document, stored when it is closed or renamed into place
+    #: a file at a chunk key of an array the view shows unchanged: stored whole, as written,
+    #: at the same key when it is closed, renamed into place, linked or fsynced
+    PASSTHROUGH = auto()
 
 
 @dataclass(eq=False)

@@ -10,6 +10,10 @@ overlay, classified by the path they are written to:
 - a metadata document (`zarr.json`, or `.zarray`/`.zattrs`/`.zgroup` in the
   v2 view) is translated back and stored when it is closed or renamed into
   place; errors reach the writer as EINVAL;
+- a file at a chunk key of an array the view shows unchanged (whole-shard
+  compression, a zero-dimensional array, ...) is stored whole, as written, at
+  the same key when it is closed, renamed or linked into place, or fsynced: the
+  view shows that array as stored, so writes pass through as they are;
 - anything else (temp files, stray files) is a scratch file that only the
   mount holds and that never reaches the source.
 
@@ -22,7 +26,9 @@ for a mutation.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -34,26 +40,35 @@ import numpy as np
 from shardfs.errors import (
     AlreadyExists,
     CannotMove,
+    InvalidMetadata,
     InvalidWrite,
     IsADirectory,
     NotADirectory,
     NotEmpty,
     NotFound,
     ReadOnly,
+    ShardfsError,
 )
 from shardfs.formats import metadata_write as mw
+from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA, Transform
-from shardfs.formats.zarr_v3 import render
+from shardfs.formats.zarr_v3 import Unshardable, parse_node, plain_layout, render, sharded_layout
 from shardfs.storage.base import ABSENT
 from shardfs.storage.blocking import WouldBlock, may_block
-from shardfs.view.hierarchy import METADATA, join
+from shardfs.view.hierarchy import METADATA, NodeDoc, join
 from shardfs.view.namespace import ArrayView, Attr, Namespace, Node, Reader, Role, View
 from shardfs.view.nodes import Listing
 from shardfs.writeback.buffer import WriteBuffer
 from shardfs.writeback.commit import Committer
 from shardfs.writeback.overlay import Buffered, Kind, Overlay, ShardRef, Whiteout
 
+log = logging.getLogger("shardfs")
+
 V2_DOCS = (ZARRAY, ZATTRS, ZGROUP, ZMETADATA)
+#: Kinds of files stored in the source when they are closed, renamed into place or fsynced.
+STORED = (Kind.METADATA, Kind.PASSTHROUGH)
+#: Bound on `Workspace._unchanged` (arrays shown unchanged, by document version).
+UNCHANGED_CACHE = 4096
 
 
 class Handle:
@@ -82,6 +97,9 @@ class Workspace:
         namespace.guard = self.committer.wait_idle
         self.shard_new = shard_new
         self._mutating = threading.Lock()
+        #: (directory, document version) -> what files below the node there are: see
+        #: `_unchanged_keys`
+        self._unchanged: dict[tuple[str, object], tuple[ChunkKeyEncoding, int] | str | None] = {}
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -222,7 +240,7 @@ class Workspace:
 
     def create(self, parent: Node, name: str) -> tuple[Node, Attr, Handle]:
         with self._locked():
-            node, kind, shard = self._classify(parent, name)
+            node, kind, shard = self._classify(parent, name, writing=True)
             # Placed with its handle, so that no commit can take it out before it is written.
             entry = Buffered(node.path, self.buffer.new(), kind, shard, node.coords, handles=1)
             self.overlay.put(entry)
@@ -267,7 +285,7 @@ class Workspace:
             node = self.lookup(parent, name)
             if node.is_dir:
                 raise CannotMove(f"{node.path}: directories cannot be renamed in the view")
-            target, kind, shard = self._classify(new_parent, new_name)
+            target, kind, shard = self._classify(new_parent, new_name, writing=True)
             if target.path == node.path:
                 return node, node, False
             replacing = self._check_target(new_parent, new_name, replace=not noreplace)
@@ -275,27 +293,38 @@ class Workspace:
             try:
                 if isinstance(pinned, Buffered):
                     entry = pinned
-                    self._check_removable(node, entry)
-                    content = entry.blob.getvalue() if kind is Kind.METADATA else None
+                    was = self._check_removable(node, entry)
                 else:
-                    self._check_removable(node, None)
+                    was = self._check_removable(node, None)
                     entry = self._copy_up(node, keep=True, track=False)
-                    content = entry.blob.getvalue()
+                generation, content = -1, b""
+                if kind in STORED:
+                    generation, content = self._snapshot(entry)
                 if kind is Kind.METADATA:
-                    assert content is not None
                     self._store_metadata(target, content)
+                elif kind is Kind.PASSTHROUGH:
+                    self._store_object(target.path, content)
                 elif kind is Kind.CHUNK:
                     self._check_chunk(target.array, target.path, entry.blob.size)
-                moving = kind is not Kind.METADATA
+                if was is Kind.PASSTHROUGH:
+                    self._delete_object(node.path)  # the file leaves its key in the source
+                # A stored file stays in the overlay only while it is open (see `_unpin`):
+                # later writes through its descriptors are stored at their close.
+                moving = kind is not Kind.METADATA and (
+                    kind is not Kind.PASSTHROUGH or entry is pinned
+                )
                 self._detach(node, release=not moving)
                 if moving:
                     entry.path, entry.kind, entry.shard = target.path, kind, shard
-                    entry.coords, entry.committed = target.coords, -1
+                    entry.coords, entry.committed = target.coords, generation
                     replaced = self.overlay.put(entry)
                     if isinstance(replaced, Buffered) and replaced.handles == 0:
                         replaced.blob.release()  # a file renamed over, open nowhere
-                elif entry is not pinned:
-                    entry.blob.release()  # the copy stored as metadata
+                else:
+                    if entry is not pinned:
+                        entry.blob.release()  # the copy stored
+                    if kind is Kind.PASSTHROUGH:
+                        self._drop(target.path)  # the source holds what stands there now
             finally:
                 if isinstance(pinned, Buffered):
                     self._unpin(pinned)
@@ -305,7 +334,7 @@ class Workspace:
         with self._locked():
             if node.is_dir:
                 raise IsADirectory(node.path)
-            target, kind, shard = self._classify(new_parent, new_name)
+            target, kind, shard = self._classify(new_parent, new_name, writing=True)
             self._check_target(new_parent, new_name, replace=False)
             entry = self._pin(node.path)
             try:
@@ -316,8 +345,12 @@ class Workspace:
             finally:
                 if isinstance(entry, Buffered):
                     self._unpin(entry)
-            if kind is Kind.METADATA:
-                self._store_metadata(target, source)  # I/O: never in a non-blocking attempt
+            if kind in STORED:
+                # I/O: never in a non-blocking attempt
+                if kind is Kind.METADATA:
+                    self._store_metadata(target, source)
+                else:
+                    self._store_object(target.path, source)
                 target = self.lookup(new_parent, new_name)
             else:
                 if kind is Kind.CHUNK:
@@ -335,6 +368,8 @@ class Workspace:
                 entry = self._copy_up(self._fresh_leaf(node), keep=size > 0, handles=1)
             try:
                 self._truncate(entry, size)
+                if entry.kind is Kind.PASSTHROUGH and self.overlay.entry(entry.path) is entry:
+                    self._store_entry(entry)  # no close will come to store it
             finally:
                 self._unpin(entry)
             return self.attr(node)
@@ -366,7 +401,8 @@ class Workspace:
         return len(data)
 
     def flush(self, handle: Handle) -> None:
-        """On close: store a metadata document; tell the writer of a chunk that cannot be stored."""
+        """On close: store a metadata document or a file stored as written; tell the writer
+        of a chunk that cannot be stored."""
         entry = handle.entry
         if entry.kind is Kind.METADATA and entry.dirty:
             with self._locked():
@@ -375,6 +411,10 @@ class Workspace:
                     node = self._classify_path(entry.path)
                     self._store_metadata(node, entry.blob.getvalue())
                     entry.committed = generation
+        elif entry.kind is Kind.PASSTHROUGH and entry.dirty:
+            with self._locked():
+                if self.overlay.entry(entry.path) is entry and entry.dirty:
+                    self._store_entry(entry)
         elif entry.kind is Kind.CHUNK:
             self._check_open_chunk(entry)
 
@@ -392,17 +432,18 @@ class Workspace:
             return entry
 
     def _unpin(self, entry: Buffered, closing: bool = False) -> None:
-        """One handle fewer. After the last one, a clean chunk (and, `closing` a file, a
-        metadata document) leaves the overlay: the source holds it. An entry no longer in
-        the overlay is freed."""
+        """One handle fewer. After the last one, a clean chunk or file stored as written
+        (and, `closing` a file, a metadata document or a file stored as written whose store
+        failed: its writer was told at close) leaves the overlay: the source holds it. An
+        entry no longer in the overlay is freed."""
         with self.overlay.lock:
             entry.handles -= 1
             if entry.handles:
                 return
             tracked = self.overlay.entry(entry.path) is entry
             if tracked and (
-                (closing and entry.kind is Kind.METADATA)
-                or (entry.kind is Kind.CHUNK and not entry.dirty)
+                (closing and entry.kind in STORED)
+                or (entry.kind in (Kind.CHUNK, Kind.PASSTHROUGH) and not entry.dirty)
             ):
                 self.overlay.remove(entry.path)
                 tracked = False
@@ -421,12 +462,24 @@ class Workspace:
                 error = InvalidWrite(f"{entry.path}: cannot be stored, discarded")
                 error.logged = True  # the commit logged why
                 raise error
-        elif entry.kind is Kind.METADATA:
+        elif entry.kind in STORED:
             self.flush(handle)
 
     def sync(self) -> int:
-        """Commit everything; returns the number of shards that failed (each logged)."""
-        return self.committer.commit_all(include_open=True)
+        """Commit everything, and store the files stored as written that are still open;
+        returns the number of shards and files that failed (each logged)."""
+        failed = self.committer.commit_all(include_open=True)
+        for entry in self.overlay:
+            if not (isinstance(entry, Buffered) and entry.kind is Kind.PASSTHROUGH):
+                continue
+            try:
+                with self._locked():
+                    if self.overlay.entry(entry.path) is entry and entry.dirty:
+                        self._store_entry(entry)
+            except ShardfsError as e:
+                log.error("%s: could not be stored: %s", self.storage.describe(entry.path), e)
+                failed += 1
+        return failed
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -474,8 +527,12 @@ class Workspace:
             raise IsADirectory(existing.path)
         return True
 
-    def _classify(self, parent: Node, name: str) -> tuple[Node, Kind, ShardRef | None]:
-        """What a file written at `name` in `parent` is, and where it will be stored."""
+    def _classify(
+        self, parent: Node, name: str, writing: bool = False
+    ) -> tuple[Node, Kind, ShardRef | None]:
+        """What a file written at `name` in `parent` is, and where it will be stored.
+        `writing` (a file created, renamed or linked there): ReadOnly where it could be
+        neither stored nor kept as scratch (see `_stored_as_written`)."""
         parent = self.current(parent)
         path = join(parent.path, name)
         if parent.role in (Role.ARRAY, Role.CHUNK_DIR):
@@ -495,7 +552,71 @@ class Workspace:
         documents = V2_DOCS if self.ns.view is View.V2 else (METADATA,)
         if parent.role in (Role.DIR, Role.GROUP) and name in documents:
             return Node(path, Role.FILE), Kind.METADATA, None
+        if parent.role is Role.DIR and self._stored_as_written(path, writing):
+            return Node(path, Role.FILE), Kind.PASSTHROUGH, None
         return Node(path, Role.FILE), Kind.SCRATCH, None
+
+    def _stored_as_written(self, path: str, writing: bool) -> bool:
+        """Whether a file at `path`, in a plain directory of the view, lies at a chunk key of
+        an array the view shows unchanged (real shards or chunks and its own `zarr.json`):
+        such a file is stored whole, as written (kind PASSTHROUGH). The array is the nearest
+        node above the file. Below a node whose `zarr.json` does not tell its chunk keys
+        (not Zarr v3 metadata, an unknown chunk key encoding), nothing is known to be
+        scratch: `writing` there is refused (ReadOnly, logged), never taken and dropped."""
+        if self.ns.tree.translates:
+            return False  # translated sources are mounted read-only
+        directory = path.rpartition("/")[0]
+        while True:
+            doc = self.ns.tree.find(directory)
+            if doc is not None:
+                break
+            if not directory:
+                return False
+            directory = directory.rpartition("/")[0]
+        keys = self._unchanged_keys(directory, doc)
+        if isinstance(keys, str):
+            if not writing:
+                return False
+            error = ReadOnly(
+                f"{path}: cannot be written: {join(directory, METADATA)} is shown unchanged and "
+                f"does not tell which files are its chunks ({keys})"
+            )
+            log.error("%s", error)
+            error.logged = True
+            raise error
+        if keys is None:
+            return False
+        encoding, ndim = keys
+        key = path[len(directory) + 1 :] if directory else path
+        return encoding.decode(key, ndim) is not None
+
+    def _unchanged_keys(
+        self, directory: str, doc: NodeDoc
+    ) -> tuple[ChunkKeyEncoding, int] | str | None:
+        """The chunk key encoding and rank of the array at `directory` if the view shows it
+        unchanged; None if the node there is a group or an array the view serves; a
+        reason if its document does not tell. Kept per version of the document."""
+        cached = self._unchanged.get((directory, doc.version), False)
+        if cached is not False:
+            return cached  # type: ignore[return-value]
+        result: tuple[ChunkKeyEncoding, int] | str | None = None
+        if self.ns.dir_node(directory).role is Role.DIR:
+            try:
+                meta = parse_node(self.ns.tree.read(doc) or b"")
+                if meta["node_type"] == "array":
+                    shape = meta.get("shape")
+                    if not isinstance(shape, list):
+                        raise InvalidMetadata(f"shape is {shape!r}")
+                    result = (
+                        ChunkKeyEncoding.from_metadata(meta.get("chunk_key_encoding")),
+                        len(shape),
+                    )
+            except InvalidMetadata as e:
+                result = str(e)
+        if len(self._unchanged) >= UNCHANGED_CACHE:
+            self._unchanged.clear()
+        self._unchanged[(directory, doc.version)] = result
+        return result
 
     def _kind(self, node: Node) -> tuple[Kind, ShardRef | None]:
         """What an existing file of the view is, for writing; ReadOnly for other source files."""
@@ -510,6 +631,8 @@ class Workspace:
         kind, shard = self._kind(node)
         content = self._content(node) if keep else b""
         entry = Buffered(node.path, self.buffer.new(content), kind, shard, node.coords, handles)
+        if kind is Kind.PASSTHROUGH and keep:
+            entry.committed = entry.blob.generation  # as stored: nothing to store on close
         if track:
             self.overlay.put(entry)
         return entry
@@ -518,14 +641,18 @@ class Workspace:
         reader = self.ns.open(node)
         return reader.read(0, reader.size)
 
-    def _check_removable(self, node: Node, entry: Buffered | None) -> None:
+    def _check_removable(self, node: Node, entry: Buffered | None) -> Kind:
+        """The kind of the file at `node` (buffered as `entry`), if it may leave its path."""
         kind = entry.kind if entry is not None else self._kind(node)[0]
         if kind is Kind.METADATA:
             raise ReadOnly(f"{node.path}: metadata documents cannot be removed through the mount")
+        return kind
 
     def _remove(self, node: Node) -> None:
         entry = self.overlay.entry(node.path)
-        self._check_removable(node, entry if isinstance(entry, Buffered) else None)
+        kind = self._check_removable(node, entry if isinstance(entry, Buffered) else None)
+        if kind is Kind.PASSTHROUGH:
+            self._delete_object(node.path)
         self._detach(node, release=True)
 
     def _detach(self, node: Node, release: bool) -> None:
@@ -563,6 +690,42 @@ class Workspace:
                     f"bytes, not {size}"
                 )
 
+    # -- files stored as written ----------------------------------------------------------
+
+    @staticmethod
+    def _snapshot(entry: Buffered) -> tuple[int, bytes]:
+        """(generation, content) of a buffered file that is pinned or not yet placed."""
+        snapshot = entry.blob.snapshot()
+        assert snapshot is not None, "a pinned blob is never released"
+        return snapshot
+
+    def _store_entry(self, entry: Buffered) -> None:
+        """Store a buffered file of kind PASSTHROUGH at its key, as it is now."""
+        generation, content = self._snapshot(entry)
+        self._store_object(entry.path, content)
+        entry.committed = generation
+
+    def _store_object(self, key: str, content: bytes) -> None:
+        """Put `content` at `key` in the source, whole and durably, over what is there."""
+        stat = self.storage.stat(key)
+        if stat is not None and stat.is_dir:
+            raise IsADirectory(key)
+        self.storage.put(key, [content], ABSENT if stat is None else stat.version)
+
+    def _delete_object(self, key: str) -> None:
+        """Remove the object at `key` from the source, if there is one."""
+        stat = self.storage.stat(key)
+        if stat is not None and not stat.is_dir:
+            with contextlib.suppress(NotFound):  # removed by someone else meanwhile
+                self.storage.delete(key, stat.version)
+
+    def _drop(self, path: str) -> None:
+        """Take the buffered file at `path` out of the view (the source holds what stands
+        there now); it lives on for the descriptors that have it open."""
+        entry = self.overlay.remove(path)
+        if isinstance(entry, Buffered) and entry.handles == 0:
+            entry.blob.release()
+
     # -- metadata -----------------------------------------------------------------------
 
     def _store_metadata(self, node: Node, raw: bytes) -> None:
@@ -586,7 +749,9 @@ class Workspace:
         array added, changed or removed) is refused: see `mw.check_sharding`."""
         what = join(directory, METADATA)
         if source is None:
-            return mw.new_v3(raw, self.shard_new, what=what)
+            # An array the view will show unchanged (whole-shard compression, say) is stored
+            # as written, its sharding included: its shards pass through as written too.
+            return mw.new_v3(raw, self.shard_new, shown=_shown_unchanged(raw), what=what)
         written = mw.parse_written(raw, "zarr.json")
         array = self.ns.array_at(directory)
         if array is None or not array.layout.levels:
@@ -618,3 +783,19 @@ class Workspace:
         if array is None or array.v2 is None:
             raise InvalidWrite(f"{directory}: .zarray written over a group")
         return render(mw.updated_from_zarray(source, array.v2.zarray, written))
+
+
+def _shown_unchanged(raw: bytes) -> dict | None:
+    """The metadata of a new `zarr.json` if it makes an array that the v3 view shows
+    unchanged (see `Namespace._array_view`), else None."""
+    try:
+        meta = parse_node(raw)
+        if meta["node_type"] != "array":
+            return None
+        if sharded_layout(meta) is None:
+            plain_layout(meta, raw)
+    except Unshardable:
+        return meta
+    except Exception:
+        return None  # refused or stored by `mw.new_v3`, which tells why
+    return None
