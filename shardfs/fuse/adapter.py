@@ -408,8 +408,9 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOSYS)
         handle = self._handles[fh]
         if isinstance(handle, Handle):
-            # Only a metadata document is stored on close (I/O, under the workspace lock).
-            if handle.entry.kind is Kind.METADATA:
+            # Metadata documents and files of arrays shown unchanged are stored on close
+            # (I/O, under the workspace lock).
+            if handle.entry.kind in (Kind.METADATA, Kind.PASSTHROUGH):
                 await self._thread(self._writable().flush, handle)
             else:
                 await self._run(self._writable().flush, handle)
