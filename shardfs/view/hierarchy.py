@@ -54,6 +54,13 @@ class Hierarchy(ABC):
     def find(self, path: str) -> NodeDoc | None:
         """The document of the node at view directory `path`, if there is a node."""
 
+    def read(self, doc: NodeDoc) -> bytes | None:
+        """The stored document `doc` (None if the node has none), exactly that version:
+        SourceChanged if it has changed since."""
+        if doc.key is None:
+            return None
+        return self.storage.read(doc.key, 0, doc.stat.size, doc.stat.version)
+
     @abstractmethod
     def parse(self, raw: bytes | None) -> dict[str, Any]:
         """The node's metadata in final Zarr v3 form; InvalidMetadata if it has none."""

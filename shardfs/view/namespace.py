@@ -14,12 +14,19 @@ keys and served as v2 chunks (see `shardfs.formats.zarr_v2`).
 Nothing is scanned up front: a path is classified when it is looked up, and a
 shard's index is read the first time one of its chunks is needed. Decoded
 indexes live in one bounded LRU cache (`index_cache`), parsed metadata in
-another (`metadata_cache`); both key on the object's version, so a source
-changed behind the mount's back is reread, never mixed with old state.
+another (`metadata_cache`): per node, only what lookups need (its layout, chunk
+naming, v2 transform and the sizes of its documents), so that what a chunk
+costs does not grow with the node's attributes. The documents the view
+renders (`zarr.json`, `.zarray`, `.zattrs`, `.zmetadata`) have a cache of
+their own (`document_cache`) and are rendered again, from the same version of
+the stored document, when they do not fit. All key on the object's version,
+so a source changed behind the mount's back is reread, never mixed with old
+state.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -305,6 +312,7 @@ class Namespace(Resolves):
         serve_plain: bool = False,
         read_cache: int = 64 << 20,
         listing_cache: int = 64 << 20,
+        document_cache: int = 16 << 20,
     ) -> None:
         self.storage = storage
         self.view = view
@@ -324,8 +332,17 @@ class Namespace(Resolves):
         self.listings: LruCache[list[ChunkRun]] = LruCache(
             listing_cache, lambda runs: sum(run.cost for run in runs) + 256
         )
+        #: The view of every array and group by the version of its stored document: what
+        #: lookups need (layout, chunk naming, v2 transform, the sizes of its documents),
+        #: a few KB whatever its attributes (see `_load_meta`).
         self.nodes: LruCache[NodeView | None] = LruCache(
             metadata_cache, lambda n: n.cost if n is not None else 256
+        )
+        #: The documents the view renders (`zarr.json`, `.zarray`, `.zattrs`, `.zmetadata`),
+        #: needed only to read them. One bigger than the budget is rendered again from
+        #: the stored document for each open of it (see `_rendered`).
+        self.documents: LruCache[dict[str, bytes] | bytes | int] = LruCache(
+            document_cache, _document_cost
         )
 
     # -- classification ---------------------------------------------------
@@ -472,30 +489,49 @@ class Namespace(Resolves):
         return self.nodes.get((key, doc.version), lambda: self._load_meta(key, doc))
 
     def _load_meta(self, key: str, doc: NodeDoc) -> NodeView | None:
+        """The view of version `doc` of the node at `key`, or None if it is shown unchanged.
+
+        The document is read and parsed here, once per version. What is kept
+        (in `nodes`) is what lookups need: the layout, chunk naming and v2
+        transform, with the sizes of the documents the view shows, however big
+        the attributes. The documents are rendered now, for their sizes, and
+        kept in `documents` if they fit; otherwise they are rendered again from
+        the stored document when they are read (see `_rendered`).
+        """
         name = self.storage.describe(doc.key if doc.key is not None else key)
         try:
-            raw = None
-            if doc.key is not None:
-                raw = self.storage.read(doc.key, 0, doc.stat.size, doc.stat.version)
+            raw = self.tree.read(doc)
             meta = self.tree.parse(raw)
             if meta["node_type"] == "group":
-                return self._group_view(key, doc.stat, meta)
-            return self._array_view(key, doc.stat, meta, raw)
+                view = self._group_view(key, doc, meta)
+            else:
+                view = self._array_view(key, doc, meta)
+            if view is None:
+                return None
+            docs = self._render(view, raw, meta)
         except (InvalidMetadata, Unshardable, Untranslatable) as e:
             log.warning("%s: shown unchanged: %s", name, e)
             return None
-
-    def _group_view(self, key: str, stat: Stat, meta: dict) -> GroupView | None:
-        if self.view is View.V2:
-            docs = {ZGROUP: render({"zarr_format": 2}), ZATTRS: render(zattrs(meta))}
-        elif self.tree.translates:
-            docs = {METADATA: render_v3(meta)}
-        else:
+        view = replace(view, docs={n: len(d) for n, d in docs.items()})
+        if view.cost > self.nodes.budget:
+            log.warning(
+                "%s: shown unchanged: its view takes %d bytes, more than the %d of metadata_cache",
+                name,
+                view.cost,
+                self.nodes.budget,
+            )
             return None
-        return GroupView(key, stat, docs)
+        self.documents.put((key, view.version), docs)
+        return view
 
-    def _array_view(self, key: str, stat: Stat, meta: dict, raw: bytes | None) -> ArrayView | None:
-        layout = sharded_layout(meta)
+    def _group_view(self, key: str, doc: NodeDoc, meta: dict) -> GroupView | None:
+        if self.view is View.V3 and not self.tree.translates:
+            return None
+        return GroupView(key, doc.stat, {}, doc.key)
+
+    def _array_view(self, key: str, doc: NodeDoc, meta: dict) -> ArrayView | None:
+        bare = _without_attributes(meta)
+        layout = sharded_layout(bare)
         if (
             layout is None
             and self.view is View.V3
@@ -504,18 +540,50 @@ class Namespace(Resolves):
             return None  # a plain v3 array: it passes through
         v2 = None
         if self.view is View.V2:
-            v2 = v2_array(json.loads(layout.view_metadata) if layout is not None else meta)
+            v2 = v2_array(json.loads(layout.view_metadata) if layout is not None else bare)
         if layout is None:
-            shown = raw if raw is not None and not self.tree.translates else render_v3(meta)
-            layout = plain_layout(meta, shown)
+            layout = plain_layout(bare, render_v3(bare))
         names = layout.keys if v2 is None else v2.keys
-        if v2 is None:
-            docs = {METADATA: layout.view_metadata}
-        else:
-            docs = {ZARRAY: render(v2.zarray), ZATTRS: render(v2.zattrs)}
         stored = replace(layout, keys=self.tree.chunk_keys(layout.keys))
         data = self.tree.data_dir(key)
-        return ArrayView(key, data, stored, stat, names, docs, v2, level_slots(stored))
+        slots = level_slots(stored)
+        return ArrayView(key, data, stored, doc.stat, names, {}, v2, slots, doc.key)
+
+    def _render(self, view: NodeView, raw: bytes | None, meta: dict | None) -> dict[str, bytes]:
+        """The documents the view shows for `view`, from its stored document `raw`, parsed
+        as `meta` (parsed here if None and needed)."""
+        if (
+            isinstance(view, ArrayView)
+            and view.v2 is None
+            and not view.layout.levels
+            and raw is not None
+            and not self.tree.translates
+        ):
+            return {METADATA: raw}  # a plain array served by the view: its document as stored
+        if meta is None:
+            meta = self.tree.parse(raw)
+        if isinstance(view, GroupView):
+            if self.view is View.V2:
+                return {ZGROUP: render({"zarr_format": 2}), ZATTRS: render(zattrs(meta))}
+            return {METADATA: render_v3(meta)}
+        if view.v2 is not None:
+            return {ZARRAY: render(view.v2.zarray), ZATTRS: render(zattrs(meta))}
+        if not view.layout.levels:
+            return {METADATA: render_v3(meta)}
+        shown = json.loads(view.layout.view_metadata)  # the layout's, without attributes
+        if "attributes" in meta:
+            shown["attributes"] = meta["attributes"]
+        return {METADATA: render_v3(shown)}
+
+    def _rendered(self, view: NodeView) -> dict[str, bytes]:
+        """The documents the view shows for `view`: cached, or rendered again from the
+        version of the stored document `view` was made from (SourceChanged if it is
+        gone)."""
+        return self.documents.get((view.key, view.version), lambda: self._rerender(view))
+
+    def _rerender(self, view: NodeView) -> dict[str, bytes]:
+        raw = self.tree.read(NodeDoc(view.source, view.metadata))
+        return self._render(view, raw, None)
 
     def array_at(self, key: str) -> ArrayView | None:
         """The array the view serves at directory `key`, if there is one."""
@@ -709,8 +777,8 @@ class Namespace(Resolves):
             return Attr(node.is_dir, stat.size, stat.mtime_ns)
         meta = self._fresh(node.meta)
         if node.role is Role.METADATA:
-            data, mtime_ns = self._document(meta, node.name)
-            return Attr(False, len(data), mtime_ns)
+            size, mtime_ns = self._document_size(meta, node.name)
+            return Attr(False, size, mtime_ns)
         assert isinstance(meta, ArrayView)
         return self._chunk_attr(meta, node.coords)
 
@@ -727,32 +795,81 @@ class Namespace(Resolves):
         return self._shard_dir(node.array, node.coords)
 
     def _document(self, meta: NodeView, name: str) -> tuple[bytes, int]:
-        """(content, mtime) of a metadata document the view writes."""
+        """(content, mtime) of a metadata document the view writes; SourceChanged if the
+        stored document changed since `meta` was made."""
         if name == ZMETADATA:
             assert isinstance(meta, GroupView)
-            return self._consolidate(meta)
+            data, mtime_ns = self._consolidate(meta)
+            assert isinstance(data, bytes)
+            return data, mtime_ns
+        return self._rendered(meta)[name], meta.metadata.mtime_ns
+
+    def _document_size(self, meta: NodeView, name: str) -> tuple[int, int]:
+        """(size, mtime) of a metadata document the view writes, without rendering it."""
+        if name == ZMETADATA:
+            assert isinstance(meta, GroupView)
+            size, mtime_ns = self._consolidate(meta, content=False)
+            assert isinstance(size, int)
+            return size, mtime_ns
         return meta.docs[name], meta.metadata.mtime_ns
 
-    def _consolidate(self, group: GroupView) -> tuple[bytes, int]:
-        """The group's `.zmetadata`: the v2 documents of every node below it.
+    def _consolidate(self, group: GroupView, content: bool = True) -> tuple[bytes | int, int]:
+        """The group's `.zmetadata` (or only its size): the v2 documents of every node
+        below it, and the latest of their mtimes.
 
         Only groups are descended into, so the cost is one listing per group
-        of the subtree, whatever the number of chunks.
+        of the subtree, whatever the number of chunks. The document, and apart
+        its size, is cached under the versions of all their stored documents.
         """
-        documents: dict[str, dict] = {}
-        mtime_ns = group.metadata.mtime_ns
+        for attempt in range(CHANGE_ATTEMPTS):
+            key, members, mtime_ns = self._consolidation(group)
+            try:
+                if content:
+                    return self._consolidated(key, members), mtime_ns
+                size = self.documents.get(
+                    (*key, "size"), lambda k=key, m=members: len(self._consolidated(k, m))
+                )
+                return size, mtime_ns
+            except SourceChanged:
+                _pause(attempt)  # a node changed while it was walked: walk it again
+                current = self._fresh(group)
+                assert isinstance(current, GroupView)
+                group = current
+        raise StorageError(f"{group.key}: its nodes keep changing while they are consolidated")
+
+    def _consolidation(
+        self, group: GroupView
+    ) -> tuple[tuple[str, str, bytes], list[tuple[str, NodeView]], int]:
+        """What the group's `.zmetadata` is made of: its cache key (the versions of every
+        node's stored document), the nodes by relative prefix, and its mtime."""
+        members: list[tuple[str, NodeView]] = []
         pending: list[tuple[str, NodeView]] = [("", group)]
         while pending:
             prefix, meta = pending.pop()
-            mtime_ns = max(mtime_ns, meta.metadata.mtime_ns)
-            for name, data in meta.docs.items():
-                documents[prefix + name] = json.loads(data)
+            members.append((prefix, meta))
             if isinstance(meta, GroupView):
                 for name in self.tree.children(meta.key):
                     child = self._meta_at(join(meta.key, name))
                     if child is not None:
                         pending.append((f"{prefix}{name}/", child))
-        return render(consolidated(documents)), mtime_ns
+        versions = repr([(prefix, meta.version) for prefix, meta in members])
+        digest = hashlib.sha256(versions.encode()).digest()
+        mtime_ns = max(meta.metadata.mtime_ns for _, meta in members)
+        return (ZMETADATA, group.key, digest), members, mtime_ns
+
+    def _consolidated(
+        self, key: tuple[str, str, bytes], members: list[tuple[str, NodeView]]
+    ) -> bytes:
+        def make() -> bytes:
+            documents: dict[str, dict] = {}
+            for prefix, meta in members:
+                for name, data in self._rendered(meta).items():
+                    documents[prefix + name] = json.loads(data)
+            return render(consolidated(documents))
+
+        data = self.documents.get(key, make)
+        assert isinstance(data, bytes)
+        return data
 
     def listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
         """The entries of a directory node with a node each, sorted by name."""
@@ -787,9 +904,9 @@ class Namespace(Resolves):
             names.append(ZMETADATA)
         listing = []
         for name in names:
-            data, mtime_ns = self._document(meta, name)
+            size, mtime_ns = self._document_size(meta, name)
             node = Node(join(meta.key, name), Role.METADATA, meta)
-            listing.append((name, node, Attr(False, len(data), mtime_ns)))
+            listing.append((name, node, Attr(False, size, mtime_ns)))
         return listing
 
     def _list_group(self, group: NodeView) -> list[tuple[str, Node, Attr]]:
@@ -931,11 +1048,10 @@ class Namespace(Resolves):
             if stat is None or stat.is_dir:
                 raise NotFound(node.path)
             return Reader(self, node, self.storage.pin(key, stat), stat, 0, stat.size)
+        if node.role is Role.METADATA:
+            return self._open_document(node)
         meta = self._fresh(node.meta)
         node = Node(node.path, node.role, meta, node.coords)
-        if node.role is Role.METADATA:
-            data, _ = self._document(meta, node.name)
-            return Reader(self, node, None, meta.metadata, 0, len(data), data=data)
         assert isinstance(meta, ArrayView)
         for attempt in range(CHANGE_ATTEMPTS):
             key, table, offset, nbytes = self.locate(meta, node.coords)
@@ -952,6 +1068,36 @@ class Namespace(Resolves):
                 self, node, pin, table.stat, offset, nbytes, size, serve=v2.serve, table=table
             )
         raise StorageError(f"{node.path} keeps changing while it is opened")
+
+    def _open_document(self, node: Node) -> Reader:
+        """A metadata document the view writes, rendered as the current version of its
+        stored document shows it (whole: it is held by the open file)."""
+        for attempt in range(CHANGE_ATTEMPTS):
+            meta = self._fresh(node.meta)
+            try:
+                data, _ = self._document(meta, node.name)
+            except SourceChanged:
+                _pause(attempt)  # replaced since it was looked up: render the new one
+                continue
+            node = Node(node.path, node.role, meta, node.coords)
+            return Reader(self, node, None, meta.metadata, 0, len(data), data=data)
+        raise StorageError(f"{node.path} keeps changing while it is opened")
+
+
+def _document_cost(value: dict[str, bytes] | bytes | int) -> int:
+    """What an entry of `Namespace.documents` holds: a node's documents, a `.zmetadata`,
+    or the size of one."""
+    if isinstance(value, int):
+        return 128
+    if isinstance(value, bytes):
+        return len(value) + 256
+    return sum(len(d) for d in value.values()) + 256
+
+
+def _without_attributes(meta: dict) -> dict:
+    """`meta` with empty attributes (in their place): what an array's view is made from,
+    so that what lookups keep of it does not grow with its attributes."""
+    return {**meta, "attributes": {}} if meta.get("attributes") else meta
 
 
 def _pause(attempt: int) -> None:

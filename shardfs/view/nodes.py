@@ -41,8 +41,15 @@ class ArrayView:
     """An array whose chunks the view serves: a sharded one, or any array in the v2 view.
 
     `layout.keys` names the shards (or plain chunk objects) in the source
-    directory `data`; `names` names the view's chunk files. `docs` are the
-    metadata files shown in the array directory instead of the source's.
+    directory `data`; `names` names the view's chunk files. `docs` names the
+    metadata files shown in the array directory instead of the source's, with
+    their sizes.
+
+    It is what every lookup of a chunk needs, and no more: its size does not
+    grow with the array's attributes. `layout.view_metadata` is the view's
+    `zarr.json` with empty attributes, and `v2.zattrs` lacks the attributes;
+    the documents themselves are rendered from the stored document `source`
+    (version `metadata`) when they are read (see `Namespace._rendered`).
     """
 
     key: str
@@ -50,16 +57,23 @@ class ArrayView:
     layout: ShardedLayout
     metadata: Stat
     names: ChunkKeyEncoding
-    docs: dict[str, bytes]
+    docs: dict[str, int]
     #: how stored chunks become v2 chunks (v2 view only)
     v2: V2Array | None
     #: Per level, the index slot of each view chunk of a shard (see `level_slots`).
     slots: list[np.ndarray] = field(repr=False)
+    #: the key of the stored document the array's view is made from
+    source: str | None = None
+
+    @property
+    def version(self) -> tuple[str | None, object]:
+        """The version of the stored document (as `NodeDoc.version`)."""
+        return self.source, self.metadata.version
 
     @property
     def cost(self) -> int:
-        docs = sum(len(d) for d in self.docs.values())
-        return docs + sum(s.nbytes for s in self.slots) + 1024
+        held = len(self.layout.view_metadata) + 64 * len(self.docs)
+        return held + sum(s.nbytes for s in self.slots) + 1024
 
     def served_size(self, stored: int) -> int:
         """The size of the view chunk whose stored form has `stored` bytes."""
@@ -79,15 +93,23 @@ class ArrayView:
 
 @dataclass(frozen=True, eq=False)
 class GroupView:
-    """A group whose metadata the view rewrites (v2 view): `docs` replace its zarr.json."""
+    """A group whose metadata the view rewrites (v2 view, draft sources): the documents
+    `docs` names (with their sizes) replace its zarr.json. They are rendered from the
+    stored document `source` (None for an implicit draft group) when they are read."""
 
     key: str
     metadata: Stat
-    docs: dict[str, bytes]
+    docs: dict[str, int]
+    source: str | None = None
+
+    @property
+    def version(self) -> tuple[str | None, object]:
+        """The version of the stored document (as `NodeDoc.version`)."""
+        return self.source, self.metadata.version
 
     @property
     def cost(self) -> int:
-        return sum(len(d) for d in self.docs.values()) + 512
+        return 64 * len(self.docs) + 512
 
 
 NodeView = ArrayView | GroupView

@@ -1,0 +1,194 @@
+"""Wall time per chunk file opened and read through a mount, under a 64 MiB `zarr.json`.
+
+Why: an array whose `zarr.json` holds more than the parsed-metadata budget
+(16 MiB) had its document read and parsed again on every lookup and open of
+one of its chunks (issue 19, item 6). This script writes one source with two
+arrays of the same layout, `big` (a `zarr.json` of about --mib MiB of
+attributes: records as a catalogue of cells would hold) and `small` (a few
+hundred bytes), and mounts it (`-o ro`) with two versions of shardfs in turn:
+"before", the package of a git revision (`--before`), and "after", this
+working tree (or `--after`). For each it opens and reads --reads distinct chunk files of
+each array (their shard indexes already cached) and prints the median wall
+time per chunk, the ratio big / small, the ratio before / after, and the
+daemon's peak memory (VmHWM). Needs root (FUSE).
+
+    .venv/bin/python benchmarks/metadata_cost.py --before REV [--after REV] [--mib 64]
+        [--reads 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zarr
+from common import Interrupts, machine
+
+from shardfs.fuse.mounts import mount_type
+from tests.conftest import Mounted, stop_mount
+
+REPO = Path(__file__).resolve().parent.parent
+SHAPE, SHARDS, CHUNKS = (128, 128), (64, 64), (8, 8)
+ARRAYS = ("small", "big")
+
+
+def write_source(root: Path, mib: int) -> dict[str, int]:
+    """The two arrays; the size of each one's `zarr.json`."""
+    group = zarr.open_group(root, mode="w")
+    records = mib * (1 << 20) // 95  # about 95 bytes each as zarr-python writes them
+    cells = [{"id": i, "score": i * 0.25, "label": f"c{i:08d}"} for i in range(records)]
+    values = np.arange(np.prod(SHAPE), dtype="uint16").reshape(SHAPE)
+    for name, attributes in (("small", {"title": "small"}), ("big", {"cells": cells})):
+        array = group.create_array(
+            name, shape=SHAPE, dtype="uint16", shards=SHARDS, chunks=CHUNKS, attributes=attributes
+        )
+        array[...] = values
+    return {name: (root / name / "zarr.json").stat().st_size for name in ARRAYS}
+
+
+def extract(revision: str, target: Path) -> Path:
+    """The `shardfs` package of git `revision`, in a directory of its own."""
+    target.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", revision, "shardfs"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
+def start(code: Path, source: Path, mountpoint: Path, log: Path) -> Mounted:
+    """`shardfs mount -f -o ro` running the package in directory `code`."""
+    mountpoint.mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(code))
+    args = [
+        sys.executable,
+        "-m",
+        "shardfs",
+        "mount",
+        str(source),
+        str(mountpoint),
+        "-f",
+        "-o",
+        "ro",
+    ]
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            args, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env, cwd=code
+        )
+    mounted = Mounted(mountpoint, process, log, ("ro",))
+    deadline = time.monotonic() + 60
+    while mount_type(str(mountpoint)) != "fuse.shardfs":
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_mount(mounted)
+            raise RuntimeError(f"mount did not come up: {mounted.log()}")
+        time.sleep(0.05)
+    return mounted
+
+
+def peak_memory(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmHWM"))
+
+
+def chunk_files(reads: int) -> list[str]:
+    """`reads` distinct chunks, none of those `measure` stats first (the kernel knows them)."""
+    grid, per_shard = SHAPE[0] // CHUNKS[0], SHARDS[0] // CHUNKS[0]
+    keys = [(i, j) for i in range(grid) for j in range(grid) if i % per_shard or j % per_shard]
+    keys.sort(key=lambda k: (abs(k[0] - k[1]), k))
+    return [f"c/{i}/{j}" for i, j in keys[:reads]]
+
+
+def measure(view: Path, reads: int) -> dict[str, list[float]]:
+    """Seconds per chunk file opened and read, by array; every shard index cached first
+    (one chunk of each shard is stat'ed before the clock starts)."""
+    per_shard = SHARDS[0] // CHUNKS[0]
+    grid = SHAPE[0] // SHARDS[0]
+    times: dict[str, list[float]] = {}
+    for name in ARRAYS:
+        for i in range(grid):
+            for j in range(grid):
+                os.stat(view / name / f"c/{i * per_shard}/{j * per_shard}")
+        times[name] = []
+        for key in chunk_files(reads):
+            start_time = time.perf_counter()
+            with open(view / name / key, "rb") as file:
+                assert file.read()
+            times[name].append(time.perf_counter() - start_time)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, help="git revision to compare with")
+    parser.add_argument("--after", help="git revision to measure (default: the working tree)")
+    parser.add_argument("--mib", type=int, default=64, help="size of big's zarr.json (MiB)")
+    parser.add_argument("--reads", type=int, default=10, help="distinct chunks per array")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        parser.error("needs root: FUSE mounts")
+    interrupts = Interrupts()
+    work = Path(tempfile.mkdtemp(prefix="shardfs-metadata-cost-"))
+    results: dict[str, dict[str, list[float]]] = {}
+    memory: dict[str, int] = {}
+    mounted: Mounted | None = None
+    try:
+        sizes = write_source(work / "src", args.mib)
+        versions = {f"before ({args.before})": extract(args.before, work / "before")}
+        if args.after:
+            versions[f"after ({args.after})"] = extract(args.after, work / "after")
+        else:
+            versions["after (working tree)"] = REPO
+        for label, code in versions.items():
+            with interrupts.deferred():
+                mounted = start(code, work / "src", work / "mnt", work / "mount.log")
+            print(f"  {label}: measuring", flush=True)
+            results[label] = measure(mounted.path, args.reads)
+            memory[label] = peak_memory(mounted.process.pid)
+            with interrupts.deferred():
+                stop_mount(mounted)
+                mounted = None
+    finally:
+        if mounted is not None:
+            with interrupts.deferred():
+                stop_mount(mounted)
+        shutil.rmtree(work, ignore_errors=True)
+
+    print()
+    print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
+    print(machine())
+    print(
+        f"{args.reads} distinct chunk files per array, opened and read through a -o ro mount, "
+        "shard indexes cached; median wall time per chunk\n"
+    )
+    small, big = (f"{sizes[n] / (1 << 20):.1f} MiB" if sizes[n] > 1 << 20 else f"{sizes[n]} B"
+                  for n in ARRAYS)  # fmt: skip
+    print(f"| shardfs | small zarr.json ({small}) | big zarr.json ({big}) | big / small "
+          "| daemon peak memory |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|")
+    median = {
+        label: {name: statistics.median(times[name]) for name in ARRAYS}
+        for label, times in results.items()
+    }
+    for label, row in median.items():
+        print(
+            f"| {label} | {row['small'] * 1e3:.2f} ms | {row['big'] * 1e3:.2f} ms "
+            f"| {row['big'] / row['small']:.1f}x | {memory[label] / (1 << 20):.0f} MiB |"
+        )
+    before, after = median.values()
+    print(
+        f"| before / after | {before['small'] / after['small']:.1f}x "
+        f"| {before['big'] / after['big']:.0f}x | | |"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
