@@ -20,7 +20,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-zarr2"
 #: pytest too: zarr 2.18's draft v3 metadata decoder imports one of its test modules.
-REQUIREMENTS = ("zarr>=2.18,<2.19", "pytest>=8")
+#: xarray for the tests of xarray on zarr 2: a 2024 release (2024.11 installs beside
+#: zarr 2.18 and its numpy), with a pandas of its time (pandas 3 came after it).
+REQUIREMENTS = ("zarr>=2.18,<2.19", "pytest>=8", "xarray>=2024.6,<2025", "pandas>=2.1,<3")
 
 
 @dataclass(frozen=True)

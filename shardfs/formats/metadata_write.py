@@ -22,13 +22,22 @@ from typing import Any
 import numpy as np
 
 from shardfs.errors import InvalidMetadata, InvalidWrite
-from shardfs.formats.codecs import DATA_TYPES
+from shardfs.formats.codecs import (
+    V2_FIELD,
+    VLEN_CODECS,
+    big_endian_filter,
+    codec_kind,
+    has_byte_order,
+    normalized_v2_codec,
+    v3_codec,
+    v3_data_type,
+    v3_fill,
+)
 from shardfs.formats.shard_index import normalize_codec
 from shardfs.formats.zarr_v3 import SHARDING, is_array, parse_node, render, sharded_layout
 
 #: Fields of an array's metadata a writer may change through the view.
 MUTABLE = frozenset({"attributes", "shape", "dimension_names"})
-_SHUFFLE_NAMES = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
 
 
 def parse_written(raw: bytes, what: str) -> dict[str, Any]:
@@ -148,11 +157,25 @@ def updated_from_zattrs(source: dict[str, Any], written: dict[str, Any]) -> dict
 def updated_from_zarray(
     source: dict[str, Any], view: dict[str, Any], written: dict[str, Any]
 ) -> dict[str, Any]:
-    """The source metadata after `.zarray` (`view` is the one the view showed) was replaced."""
-    _check_same(view, written, frozenset({"shape"}), ".zarray")
+    """The source metadata after `.zarray` (`view` is the one the view showed) was replaced.
+
+    Codec configurations are compared as numcodecs spells them out (zarr-python 2 writes
+    every default back: `{"id": "lzma"}` returns as `{"id": "lzma", "format": 1, ...}`).
+    """
+    _check_same(_v2_codecs(view), _v2_codecs(written), frozenset({"shape"}), ".zarray")
     new = dict(source)
     new["shape"] = _check_shape(source, written.get("shape"))
     return new
+
+
+def _v2_codecs(zarray: dict[str, Any]) -> dict[str, Any]:
+    """`zarray` with its compressor and filters in numcodecs' full form."""
+    doc = dict(zarray)
+    doc["compressor"] = normalized_v2_codec(doc.get("compressor"))
+    filters = doc.get("filters")
+    if isinstance(filters, list):
+        doc["filters"] = [normalized_v2_codec(f) for f in filters] or None
+    return doc
 
 
 # -- new nodes ---------------------------------------------------------------------------
@@ -265,37 +288,29 @@ def shard(meta: dict[str, Any], per_axis: int) -> dict[str, Any]:
     return sharded
 
 
-def _v3_fill(value: Any, dtype: np.dtype) -> Any:
-    if value is None:
-        return False if dtype.kind == "b" else 0
-    return value
-
-
 def v3_from_zarray(zarray: dict[str, Any], attrs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The Zarr v3 metadata of a new array written as a zarr v2 `.zarray`."""
+    """The Zarr v3 metadata of a new array written as a zarr v2 `.zarray`.
+
+    The inverse of the v2 view's mapping (the table in `shardfs.formats.codecs`): the chunks
+    the v2 writer stores are, as they are, chunks of the v3 chain, and the view shows the
+    array as written. Raises InvalidWrite for a `.zarray` with no such v3 form.
+    """
     try:
         dtype = np.dtype(zarray["dtype"])
         shape, chunks = list(zarray["shape"]), list(zarray["chunks"])
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         raise InvalidWrite(f".zarray is incomplete or malformed: {e}") from None
-    names = {v: k for k, v in DATA_TYPES.items()}
-    data_type = names.get(f"{dtype.kind}{dtype.itemsize}")
-    if data_type is None or dtype.fields is not None:
-        raise InvalidWrite(f".zarray dtype {zarray['dtype']!r} has no Zarr v3 equivalent")
-    if zarray.get("filters"):
-        raise InvalidWrite(".zarray filters have no Zarr v3 equivalent here")
-    codecs: list[Any] = []
-    if zarray.get("order", "C") == "F" and len(shape) > 1:
-        codecs.append(
-            {"name": "transpose", "configuration": {"order": list(range(len(shape)))[::-1]}}
+    filters = zarray.get("filters") or []
+    if not isinstance(filters, list):
+        raise InvalidWrite(f".zarray filters {filters!r} are not a list")
+    fortran = zarray.get("order", "C") == "F" and len(shape) > 1
+    try:
+        data_type, codecs = _v3_chain(
+            dtype, filters, zarray.get("compressor"), len(shape) if fortran else 0
         )
-    bytes_config = (
-        {} if dtype.itemsize == 1 else {"endian": "big" if dtype.byteorder == ">" else "little"}
-    )
-    codecs.append({"name": "bytes", "configuration": bytes_config})
-    compressor = zarray.get("compressor")
-    if compressor is not None:
-        codecs.append(_v3_compressor(compressor, dtype))
+        fill = v3_fill(zarray.get("fill_value"), dtype, data_type)
+    except InvalidMetadata as e:
+        raise InvalidWrite(f".zarray: {e}") from None
     separator = zarray.get("dimension_separator") or "."
     meta: dict[str, Any] = {
         "zarr_format": 3,
@@ -304,37 +319,96 @@ def v3_from_zarray(zarray: dict[str, Any], attrs: dict[str, Any] | None = None) 
         "data_type": data_type,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
         "chunk_key_encoding": {"name": "v2", "configuration": {"separator": separator}},
-        "fill_value": _v3_fill(zarray.get("fill_value"), dtype),
+        "fill_value": fill,
         "codecs": codecs,
         "attributes": dict(attrs or {}),
     }
+    written_fill = zarray.get("fill_value")
+    if written_fill is None or (dtype.kind == "O" and not isinstance(written_fill, str)):
+        meta[V2_FIELD] = {"must_understand": False, "fill_value": written_fill}
     return meta
 
 
-def _v3_compressor(config: Any, dtype: np.dtype) -> dict[str, Any]:
-    name = config.get("id") if isinstance(config, dict) else None
-    if name == "gzip":
-        return {"name": "gzip", "configuration": {"level": config.get("level", 1)}}
-    if name == "zstd":
-        return {
-            "name": "zstd",
-            "configuration": {
-                "level": config.get("level", 0),
-                "checksum": bool(config.get("checksum")),
-            },
-        }
-    if name == "blosc":
-        shuffle = config.get("shuffle", 1)
-        if shuffle == -1:  # AUTOSHUFFLE: what numcodecs picks for the item size
-            shuffle = 2 if dtype.itemsize == 1 else 1
-        return {
-            "name": "blosc",
-            "configuration": {
-                "cname": config.get("cname", "lz4"),
-                "clevel": config.get("clevel", 5),
-                "shuffle": _SHUFFLE_NAMES.get(shuffle, "noshuffle"),
-                "typesize": dtype.itemsize,
-                "blocksize": config.get("blocksize", 0),
-            },
-        }
-    raise InvalidWrite(f".zarray compressor {config!r} has no Zarr v3 equivalent here")
+def _v3_chain(
+    dtype: np.dtype, filters: list[Any], compressor: Any, fortran: int
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The v3 data type and codecs of a v2 dtype, filters and compressor, with `fortran`
+    the number of axes of an `order: "F"` array (0 for C order). InvalidMetadata if they
+    have no v3 chain that stores the same bytes."""
+    object_codec = None
+    if dtype.kind == "O":
+        first = filters[0] if filters else None
+        object_codec = first.get("id") if isinstance(first, dict) else None
+        if object_codec not in VLEN_CODECS:
+            raise InvalidMetadata(
+                f"dtype '|O' needs vlen-utf8 or vlen-bytes as its first filter, not {first!r}"
+            )
+        filters = filters[1:]
+    data_type = v3_data_type(dtype, object_codec)
+    for codec in [*filters, *([compressor] if compressor is not None else [])]:
+        if not isinstance(codec, dict) or not isinstance(codec.get("id"), str):
+            raise InvalidMetadata(f"codec {codec!r} is not a numcodecs configuration")
+    leading = 0
+    while leading < len(filters) and codec_kind(filters[leading]) == "array":
+        leading += 1
+    array_filters, byte_filters = filters[:leading], filters[leading:]
+    codec_ids = [f["id"] for f in filters] + ([compressor["id"]] if compressor else [])
+    if any(codec_id in VLEN_CODECS for codec_id in codec_ids):
+        raise InvalidMetadata("vlen-utf8 and vlen-bytes serve '|O' arrays, as their first filter")
+    serializer = None  # pcodec or zfpy: a filter or compressor that takes the array itself
+    if object_codec is None and byte_filters and codec_kind(byte_filters[0]) == "array-bytes":
+        serializer, byte_filters = byte_filters[0], byte_filters[1:]
+    elif object_codec is None and not byte_filters and codec_kind(compressor) == "array-bytes":
+        serializer, compressor = compressor, None
+    if serializer is not None and fortran:
+        raise InvalidMetadata(f"order 'F' with {serializer['id']!r} has no Zarr v3 form here")
+    for codec in byte_filters:
+        if codec_kind(codec) != "bytes":
+            raise InvalidMetadata(f"filter {codec['id']!r} after the array is serialized")
+    if object_codec is not None and array_filters:
+        raise InvalidMetadata("filters on the values of an '|O' array have no Zarr v3 form")
+    if (array_filters or object_codec) and fortran:
+        raise InvalidMetadata("order 'F' with filters or '|O' data has no Zarr v3 form here")
+    if array_filters and (
+        dtype.byteorder == ">" or any(big_endian_filter(f) for f in array_filters)
+    ):
+        raise InvalidMetadata("filters with big-endian data have no Zarr v3 form here")
+
+    codecs: list[dict[str, Any]] = []
+    if fortran:
+        order = list(range(fortran))[::-1]
+        codecs.append({"name": "transpose", "configuration": {"order": order}})
+    itemsize = dtype.itemsize
+    for codec in array_filters:
+        codecs.append(v3_codec(codec, itemsize))
+        itemsize = _output_itemsize(codec, itemsize)
+    if object_codec is not None:
+        codecs.append({"name": object_codec, "configuration": {}})
+        itemsize = 1
+    elif serializer is not None:
+        codecs.append(v3_codec(serializer, itemsize))
+        itemsize = 1
+    else:
+        endian = "big" if dtype.byteorder == ">" else "little"
+        codecs.append(
+            {"name": "bytes", "configuration": {"endian": endian} if has_byte_order(dtype) else {}}
+        )
+    for codec in [*byte_filters, *([compressor] if compressor is not None else [])]:
+        if codec_kind(codec) != "bytes":
+            raise InvalidMetadata(f"compressor {codec['id']!r} after the array is serialized")
+        codecs.append(v3_codec(codec, itemsize))
+        itemsize = 1
+    return data_type, codecs
+
+
+def _output_itemsize(codec: dict[str, Any], itemsize: int) -> int:
+    """The item size of what a numcodecs array-to-array codec outputs."""
+    if codec.get("id") == "packbits":
+        return 1
+    for key in ("astype", "encode_dtype"):
+        if codec.get(key) is not None:
+            try:
+                return np.dtype(codec[key]).itemsize
+            except (TypeError, ValueError):
+                raise InvalidMetadata(f"codec {codec['id']!r}: {key} {codec[key]!r}") from None
+    return itemsize

@@ -8,8 +8,14 @@ how each stored chunk becomes a v2 chunk:
 - `STRIP_CRC32C`: the chain ends in crc32c, which no v2 reader knows; it is
   verified and cut off;
 - `DECODE`: the chain has no v2 equivalent (an axis order other than C or F,
-  two compressors, a checksum in the middle); the chunk is decoded and served
-  uncompressed, so its size is known without reading it.
+  a crc32c in the middle); the chunk is decoded and served uncompressed, so
+  its size is known without reading it.
+
+The v2 forms of data types, fill values and codecs are the table in
+`shardfs.formats.codecs` (`v2_dtype`, `v2_fill`, `v2_codec`). A v3 chain
+`[array-to-array codecs] serializer [bytes-to-bytes codecs]` becomes v2
+`filters` (the array-to-array codecs, the object codec of `|O` arrays, and
+all but the last bytes-to-bytes codec) and `compressor` (the last one).
 """
 
 from __future__ import annotations
@@ -25,14 +31,21 @@ import numpy as np
 
 from shardfs.errors import InvalidMetadata
 from shardfs.formats.codecs import (
+    V2_FIELD,
+    VLEN_CODECS,
     ChunkDecoder,
     ChunkEncoder,
+    big_endian_filter,
     byte_decoder,
     byte_encoder,
+    codec_kind,
     compose_transposes,
     crc32c_encode,
-    numpy_dtype,
-    v2_compressor,
+    is_crc32c,
+    v2_codec,
+    v2_dtype,
+    v2_fill,
+    v3_fill,
 )
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.shard_index import normalize_codec
@@ -127,10 +140,29 @@ def fill_value(value: Any, dtype: np.dtype) -> Any:
         return value
     if dtype.kind == "f":
         return _float(value, dtype)
-    part = np.dtype(f"<f{dtype.itemsize // 2}")
-    if not isinstance(value, list) or len(value) != 2:
-        raise Untranslatable(f"complex fill value {value!r} is not [real, imag]")
-    return [_float(value[0], part), _float(value[1], part)]
+    if dtype.kind == "c":
+        part = np.dtype(f"<f{dtype.itemsize // 2}")
+        if not isinstance(value, list) or len(value) != 2:
+            raise Untranslatable(f"complex fill value {value!r} is not [real, imag]")
+        return [_float(value[0], part), _float(value[1], part)]
+    try:
+        return v2_fill(value, dtype)
+    except InvalidMetadata as e:
+        raise Untranslatable(str(e)) from None
+
+
+def _fill_value(meta: dict[str, Any], dtype: np.dtype) -> Any:
+    """The v2 fill value of an array: the one a v2 writer gave, where the source recorded it
+    (`V2_FIELD`) and the v3 one is still what it became; else the v3 one in v2 form."""
+    value = meta.get("fill_value")
+    recorded = meta.get(V2_FIELD)
+    if isinstance(recorded, dict) and "fill_value" in recorded:
+        try:
+            if v3_fill(recorded["fill_value"], dtype, meta.get("data_type")) == value:
+                return recorded["fill_value"]
+        except InvalidMetadata:
+            pass
+    return fill_value(value, dtype)
 
 
 def zattrs(meta: dict[str, Any]) -> dict[str, Any]:
@@ -161,41 +193,81 @@ def v2_array(meta: dict[str, Any]) -> V2Array:
     if not isinstance(codecs, list):
         raise InvalidMetadata("array metadata has no codecs list")
 
-    orders, position = [], 0
-    while position < len(codecs) and normalize_codec(codecs[position])[0] == "transpose":
-        orders.append(transpose_order(normalize_codec(codecs[position])[1], len(shape)))
+    ndim = len(shape)
+    position, orders, filters = 0, [], []
+    while position < len(codecs):
+        name, config = normalize_codec(codecs[position])
+        if name == "transpose":
+            orders.append(transpose_order(config, ndim))
+        else:
+            v2 = v2_codec(name, config)
+            if v2 is None or codec_kind(v2) != "array":
+                break
+            filters.append(v2)
         position += 1
     if position == len(codecs):
         raise InvalidMetadata("codec chain has no array-to-bytes codec")
     name, config = normalize_codec(codecs[position])
-    if name != "bytes":
-        raise Untranslatable(f"array codec {name!r} has no zarr v2 form")
+    perm = compose_transposes(orders, ndim)
+    data_type = meta.get("data_type")
+    serializer: dict[str, Any] | None = None  # the v2 form of a serializer other than `bytes`
     try:
-        dtype = numpy_dtype(meta.get("data_type"), config.get("endian"))
+        if name == "bytes":
+            dtype = v2_dtype(data_type, config.get("endian"))
+            if dtype.kind == "O":
+                raise Untranslatable(f"data type {data_type!r} needs a vlen codec, not bytes")
+        else:
+            serializer = v2_codec(name, config)
+            if serializer is None or codec_kind(serializer) != "array-bytes":
+                raise Untranslatable(f"array codec {name!r} has no zarr v2 form")
+            dtype = v2_dtype(data_type, "little")  # what zarr-python 3 hands the codec
+            if (dtype.kind == "O") != (name in VLEN_CODECS) or (
+                dtype.kind == "O" and data_type not in VLEN_CODECS[name]
+            ):
+                raise Untranslatable(f"data type {data_type!r} cannot take codec {name!r}")
     except InvalidMetadata as e:
         raise Untranslatable(str(e)) from None
+    if filters and serializer is not None and serializer["id"] in VLEN_CODECS:
+        raise Untranslatable(f"numcodecs filters before {name!r} have no zarr v2 form")
+    if filters and (
+        orders or (dtype.byteorder == ">") or any(big_endian_filter(f) for f in filters)
+    ):
+        raise Untranslatable(
+            "numcodecs filters under a transpose or with big-endian data have no zarr v2 form"
+        )
     byte_codecs = codecs[position + 1 :]
-    perm = compose_transposes(orders, len(shape))
 
-    transform, compressor = Transform.RAW, None
+    transform = Transform.RAW
     direct = byte_codecs
-    if direct and normalize_codec(direct[-1])[0] == "crc32c":
+    if direct and is_crc32c(*normalize_codec(direct[-1])):
         transform, direct = Transform.STRIP_CRC32C, direct[:-1]
-    if len(direct) == 1:
-        compressor = v2_compressor(*normalize_codec(direct[0]))
-    order = "C" if perm == tuple(range(len(shape))) else None
-    if len(shape) > 1 and perm == tuple(reversed(range(len(shape)))):
+    byte_forms = [
+        None if is_crc32c(*normalize_codec(c)) else v2_codec(*normalize_codec(c)) for c in direct
+    ]
+    order = "C" if perm == tuple(range(ndim)) else None
+    if ndim > 1 and perm == tuple(reversed(range(ndim))) and serializer is None:
         order = "F"
     decoder = encoder = None
-    if order is None or len(direct) > 1 or (direct and compressor is None):
+    chain: list[dict[str, Any]] = [*filters, *([serializer] if serializer else [])]
+    if order is not None and all(f is not None and codec_kind(f) == "bytes" for f in byte_forms):
+        chain += [f for f in byte_forms if f is not None]
+    elif filters or serializer is not None:
+        raise Untranslatable(
+            f"no zarr v2 form: {name!r} or numcodecs filters with a chain the view cannot "
+            "translate (a crc32c in the middle, an axis order other than C or F)"
+        )
+    else:
         try:
             decoders = tuple(byte_decoder(c) for c in reversed(byte_codecs))
             encoders = tuple(byte_encoder(c) for c in byte_codecs)
         except InvalidMetadata as e:
             raise Untranslatable(f"no zarr v2 form and {e}") from None
-        transform, compressor, order = Transform.DECODE, None, "C"
+        transform, order, chain = Transform.DECODE, "C", []
         decoder = ChunkDecoder(dtype, tuple(chunks), perm, decoders)
         encoder = ChunkEncoder(dtype, tuple(chunks), perm, encoders)
+    compressor = None
+    if chain and codec_kind(chain[-1]) != "array" and chain[-1]["id"] not in VLEN_CODECS:
+        compressor = chain.pop()
 
     zarray = {
         "zarr_format": 2,
@@ -203,9 +275,9 @@ def v2_array(meta: dict[str, Any]) -> V2Array:
         "chunks": chunks,
         "dtype": dtype.str,
         "compressor": compressor,
-        "fill_value": fill_value(meta.get("fill_value"), dtype),
+        "fill_value": _fill_value(meta, dtype),
         "order": order,
-        "filters": None,
+        "filters": chain or None,
         "dimension_separator": keys.separator,
     }
     v2_keys = ChunkKeyEncoding("v2", keys.separator)
