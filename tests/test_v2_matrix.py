@@ -983,6 +983,57 @@ def test_the_v3_view_still_reads_every_array(matrix: Matrix, case: str) -> None:
     assert_same_values(matrix.v3_values[case], matrix.expected[case])
 
 
+READ_NEWEST = """
+import warnings
+import numpy as np, zarr
+warnings.simplefilter("ignore")
+errors = {}
+for i, case in enumerate(params["cases"]):
+    for view in ("v3", "v2"):
+        try:
+            values = np.asarray(zarr.open_array(f"{params[view]}/{case}/v", mode="r")[...])
+            if values.dtype.kind == "T":  # numpy's StringDType: compared as objects
+                values = values.astype(object)
+            np.save(f"{params['out']}/{view}{i}.npy", values, allow_pickle=True)
+        except Exception as e:
+            errors[f"{view}:{case}"] = repr(e)
+print(json.dumps({"version": zarr.__version__, "errors": errors}))
+"""
+
+
+@pytest.fixture(scope="module")
+def newest_reads(
+    matrix: Matrix, newest_zarr: Zarr2, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, Any], Path]:
+    """The newest zarr-python reads every array of the matrix through a v3 and a v2 mount."""
+    base = tmp_path_factory.mktemp("newest")
+    v3 = start_mount(matrix.source, base / "mnt3", base / "mnt3.log", "ro")
+    try:
+        out = base / "out"
+        out.mkdir()
+        seen = newest_zarr.run(
+            READ_NEWEST, v3=str(v3.path), v2=str(matrix.v2.path), out=str(out), cases=CASES
+        )
+        assert "ERROR" not in v3.log(), v3.log()
+    finally:
+        stop_mount(v3)
+    return seen, out
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("view", ["v3", "v2"])
+@by_case
+def test_the_newest_zarr_python_reads_every_array(
+    matrix: Matrix, newest_reads: tuple[dict[str, Any], Path], case: str, view: str
+) -> None:
+    seen, out = newest_reads
+    major, minor = (int(n) for n in seen["version"].split(".")[:2])
+    assert (major, minor) > (3, 1), f"not newer than the project's zarr: {seen['version']}"
+    assert f"{view}:{case}" not in seen["errors"], seen["errors"][f"{view}:{case}"]
+    got = np.load(out / f"{view}{CASES.index(case)}.npy", allow_pickle=True)
+    assert_same_values(got, matrix.expected[case])
+
+
 @pytest.mark.fuse
 def test_every_array_is_translated_without_errors(matrix: Matrix) -> None:
     log = matrix.v2.log()

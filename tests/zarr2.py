@@ -1,4 +1,5 @@
-"""zarr-python 2.18 in its own virtual environment, for writing and reading test data.
+"""zarr-python 2.18 (and the newest zarr-python) in virtual environments of their own, for
+writing and reading test data.
 
 zarr-python 2 cannot live beside zarr-python 3, so the test set-up makes
 `.venv-zarr2` in the repository (git-ignored) the first time it is needed and
@@ -16,6 +17,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-zarr2"
@@ -47,19 +50,64 @@ class Zarr2:
             timeout=300,
         )
         if result.returncode != 0:
-            raise RuntimeError(f"zarr-python 2 script failed:\n{result.stderr}")
+            raise RuntimeError(f"script failed under {self.python}:\n{result.stderr}")
         out = result.stdout.strip()
         return json.loads(out) if out else None
 
 
 def ensure_zarr2() -> Zarr2:
     """The zarr-python 2 environment, created on first use."""
-    marker = VENV / "shardfs-requirements.json"
-    python = VENV / "bin" / "python"
-    wanted = json.dumps(REQUIREMENTS)
+    return _ensure(VENV, sys.executable, REQUIREMENTS)
+
+
+#: The newest zarr-python release needs a newer Python than the project's (3.12 or later).
+NEWEST_VENV = ROOT / ".venv-zarr-newest"
+NEWEST_REQUIREMENTS = ("zarr>=3.2", "numpy")
+NEWEST_PYTHONS = ("3.13", "3.12")
+
+
+def ensure_newest_zarr() -> Zarr2:
+    """zarr-python's newest release in an environment of its own, on the newest Python
+    that pyenv has (3.13 or 3.12); pytest skips, saying why, where there is none."""
+    base = _newer_python()
+    if base is None:
+        pytest.skip(
+            "the newest zarr-python needs Python >= 3.12, and pyenv has none here "
+            f"(looked for {', '.join(NEWEST_PYTHONS)})"
+        )
+    return _ensure(NEWEST_VENV, base, NEWEST_REQUIREMENTS)
+
+
+def _newer_python() -> str | None:
+    pyenv = shutil.which("pyenv")
+    if pyenv is None:
+        return None
+    versions = subprocess.run(
+        [pyenv, "versions", "--bare"], capture_output=True, text=True
+    ).stdout.split()
+    for wanted in NEWEST_PYTHONS:
+        for version in sorted(versions, reverse=True):
+            if version == wanted or version.startswith(wanted + "."):
+                found = subprocess.run(
+                    [pyenv, "which", "python"],
+                    capture_output=True,
+                    text=True,
+                    env=dict(os.environ, PYENV_VERSION=version),
+                )
+                if found.returncode == 0:
+                    return found.stdout.strip()
+    return None
+
+
+def _ensure(venv: Path, base_python: str, requirements: tuple[str, ...]) -> Zarr2:
+    """A virtual environment of `base_python` at `venv` with `requirements`, made on first
+    use and kept while they are unchanged."""
+    marker = venv / "shardfs-requirements.json"
+    python = venv / "bin" / "python"
+    wanted = json.dumps([base_python, *requirements])
     if not (python.exists() and marker.exists() and marker.read_text() == wanted):
-        shutil.rmtree(VENV, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
         subprocess.run(
             [
                 str(python),
@@ -68,7 +116,7 @@ def ensure_zarr2() -> Zarr2:
                 "install",
                 "-q",
                 "--disable-pip-version-check",
-                *REQUIREMENTS,
+                *requirements,
             ],
             check=True,
         )
