@@ -103,6 +103,10 @@ def logged_corruption(message: str) -> CorruptData:
     return error
 
 
+#: Stored metadata documents up to this size are rendered into the view's documents as
+#: soon as they are parsed, so that they are read once per version; bigger ones only
+#: when a metadata file is stat'ed, listed or read (see `Namespace._load_meta`).
+EAGER_RENDER = 1 << 20
 #: Chunks up to this size are read whole on the first read of an open file, so
 #: that reading a chunk costs one positioned read of its shard however the
 #: kernel splits the file into requests. (On a store with costly requests,
@@ -332,17 +336,18 @@ class Namespace(Resolves):
         self.listings: LruCache[list[ChunkRun]] = LruCache(
             listing_cache, lambda runs: sum(run.cost for run in runs) + 256
         )
-        #: The view of every array and group by the version of its stored document: what
-        #: lookups need (layout, chunk naming, v2 transform, the sizes of its documents),
-        #: a few KB whatever its attributes (see `_load_meta`).
-        self.nodes: LruCache[NodeView | None] = LruCache(
-            metadata_cache, lambda n: n.cost if n is not None else 256
+        #: Parsed metadata, by the version of each node's stored document: its view, what
+        #: lookups need (layout, chunk naming, v2 transform: a few KB whatever its
+        #: attributes), and apart the sizes of the documents the view shows for it, what
+        #: stats and listings need (see `_load_meta`, `_sizes`).
+        self.nodes: LruCache[NodeView | dict[str, int] | int | None] = LruCache(
+            metadata_cache, _metadata_cost
         )
         #: The documents the view renders (`zarr.json`, `.zarray`, `.zattrs`, `.zmetadata`),
         #: needed only to read them. One bigger than the budget is rendered again from
         #: the stored document for each open of it (see `_rendered`).
-        self.documents: LruCache[dict[str, bytes] | bytes | int] = LruCache(
-            document_cache, _document_cost
+        self.documents: LruCache[dict[str, bytes] | bytes] = LruCache(
+            document_cache, lambda d: (len(d) if isinstance(d, bytes) else _size(d)) + 256
         )
 
     # -- classification ---------------------------------------------------
@@ -486,17 +491,19 @@ class Namespace(Resolves):
         doc = self.tree.find(key)
         if doc is None:
             return None
-        return self.nodes.get((key, doc.version), lambda: self._load_meta(key, doc))
+        view = self.nodes.get((key, doc.version), lambda: self._load_meta(key, doc))
+        assert view is None or isinstance(view, ArrayView | GroupView)
+        return view
 
     def _load_meta(self, key: str, doc: NodeDoc) -> NodeView | None:
         """The view of version `doc` of the node at `key`, or None if it is shown unchanged.
 
         The document is read and parsed here, once per version. What is kept
-        (in `nodes`) is what lookups need: the layout, chunk naming and v2
-        transform, with the sizes of the documents the view shows, however big
-        the attributes. The documents are rendered now, for their sizes, and
-        kept in `documents` if they fit; otherwise they are rendered again from
-        the stored document when they are read (see `_rendered`).
+        is what lookups need: the layout, chunk naming and v2 transform, however
+        big the attributes. The documents the view shows for it are rendered
+        now if the stored document is small (so that it is read once); a bigger
+        one only when they are stat'ed, listed or read (see `_sizes`,
+        `_rendered`), never for a chunk.
         """
         name = self.storage.describe(doc.key if doc.key is not None else key)
         try:
@@ -508,11 +515,12 @@ class Namespace(Resolves):
                 view = self._array_view(key, doc, meta)
             if view is None:
                 return None
-            docs = self._render(view, raw, meta)
+            docs = None
+            if raw is None or len(raw) <= EAGER_RENDER:
+                docs = self._render(view, raw, meta)
         except (InvalidMetadata, Unshardable, Untranslatable) as e:
             log.warning("%s: shown unchanged: %s", name, e)
             return None
-        view = replace(view, docs={n: len(d) for n, d in docs.items()})
         if view.cost > self.nodes.budget:
             log.warning(
                 "%s: shown unchanged: its view takes %d bytes, more than the %d of metadata_cache",
@@ -521,13 +529,17 @@ class Namespace(Resolves):
                 self.nodes.budget,
             )
             return None
-        self.documents.put((key, view.version), docs)
+        if docs is not None:
+            self.nodes.put((key, view.version, "sizes"), {n: len(d) for n, d in docs.items()})
+            self.documents.put((key, view.version), docs)
         return view
 
     def _group_view(self, key: str, doc: NodeDoc, meta: dict) -> GroupView | None:
-        if self.view is View.V3 and not self.tree.translates:
-            return None
-        return GroupView(key, doc.stat, {}, doc.key)
+        if self.view is View.V2:
+            return GroupView(key, doc.stat, (ZGROUP, ZATTRS), doc.key)
+        if self.tree.translates:
+            return GroupView(key, doc.stat, (METADATA,), doc.key)
+        return None
 
     def _array_view(self, key: str, doc: NodeDoc, meta: dict) -> ArrayView | None:
         bare = _without_attributes(meta)
@@ -544,10 +556,11 @@ class Namespace(Resolves):
         if layout is None:
             layout = plain_layout(bare, render_v3(bare))
         names = layout.keys if v2 is None else v2.keys
+        docs = (METADATA,) if v2 is None else (ZARRAY, ZATTRS)
         stored = replace(layout, keys=self.tree.chunk_keys(layout.keys))
         data = self.tree.data_dir(key)
         slots = level_slots(stored)
-        return ArrayView(key, data, stored, doc.stat, names, {}, v2, slots, doc.key)
+        return ArrayView(key, data, stored, doc.stat, names, docs, v2, slots, doc.key)
 
     def _render(self, view: NodeView, raw: bytes | None, meta: dict | None) -> dict[str, bytes]:
         """The documents the view shows for `view`, from its stored document `raw`, parsed
@@ -579,11 +592,23 @@ class Namespace(Resolves):
         """The documents the view shows for `view`: cached, or rendered again from the
         version of the stored document `view` was made from (SourceChanged if it is
         gone)."""
-        return self.documents.get((view.key, view.version), lambda: self._rerender(view))
+        docs = self.documents.get((view.key, view.version), lambda: self._rerender(view))
+        assert isinstance(docs, dict)
+        return docs
 
     def _rerender(self, view: NodeView) -> dict[str, bytes]:
         raw = self.tree.read(NodeDoc(view.source, view.metadata))
         return self._render(view, raw, None)
+
+    def _sizes(self, view: NodeView) -> dict[str, int]:
+        """The sizes of the documents the view shows for `view` (rendered to learn them,
+        once per version: see `_load_meta`); SourceChanged as `_rendered`."""
+        sizes = self.nodes.get(
+            (view.key, view.version, "sizes"),
+            lambda: {name: len(data) for name, data in self._rendered(view).items()},
+        )
+        assert isinstance(sizes, dict)
+        return sizes
 
     def array_at(self, key: str) -> ArrayView | None:
         """The array the view serves at directory `key`, if there is one."""
@@ -805,13 +830,20 @@ class Namespace(Resolves):
         return self._rendered(meta)[name], meta.metadata.mtime_ns
 
     def _document_size(self, meta: NodeView, name: str) -> tuple[int, int]:
-        """(size, mtime) of a metadata document the view writes, without rendering it."""
+        """(size, mtime) of a metadata document the view writes, as the current version
+        of its stored document shows it (rendered only if its size is not known yet)."""
         if name == ZMETADATA:
             assert isinstance(meta, GroupView)
             size, mtime_ns = self._consolidate(meta, content=False)
             assert isinstance(size, int)
             return size, mtime_ns
-        return meta.docs[name], meta.metadata.mtime_ns
+        for attempt in range(CHANGE_ATTEMPTS):
+            try:
+                return self._sizes(meta)[name], meta.metadata.mtime_ns
+            except SourceChanged:
+                _pause(attempt)  # replaced since it was looked up: the new one's size
+                meta = self._fresh(meta)
+        raise StorageError(f"{join(meta.key, name)} keeps changing while it is rendered")
 
     def _consolidate(self, group: GroupView, content: bool = True) -> tuple[bytes | int, int]:
         """The group's `.zmetadata` (or only its size): the v2 documents of every node
@@ -826,9 +858,10 @@ class Namespace(Resolves):
             try:
                 if content:
                     return self._consolidated(key, members), mtime_ns
-                size = self.documents.get(
+                size = self.nodes.get(
                     (*key, "size"), lambda k=key, m=members: len(self._consolidated(k, m))
                 )
+                assert isinstance(size, int)
                 return size, mtime_ns
             except SourceChanged:
                 _pause(attempt)  # a node changed while it was walked: walk it again
@@ -1084,14 +1117,18 @@ class Namespace(Resolves):
         raise StorageError(f"{node.path} keeps changing while it is opened")
 
 
-def _document_cost(value: dict[str, bytes] | bytes | int) -> int:
-    """What an entry of `Namespace.documents` holds: a node's documents, a `.zmetadata`,
-    or the size of one."""
-    if isinstance(value, int):
-        return 128
-    if isinstance(value, bytes):
-        return len(value) + 256
-    return sum(len(d) for d in value.values()) + 256
+def _metadata_cost(value: NodeView | dict[str, int] | int | None) -> int:
+    """What an entry of `Namespace.nodes` holds: a view, the sizes of a node's documents,
+    the size of a `.zmetadata`, or None (a node shown unchanged)."""
+    if value is None or isinstance(value, int):
+        return 256
+    if isinstance(value, dict):
+        return 64 * len(value) + 256
+    return value.cost
+
+
+def _size(docs: dict[str, bytes]) -> int:
+    return sum(len(data) for data in docs.values())
 
 
 def _without_attributes(meta: dict) -> dict:

@@ -42,14 +42,13 @@ class ArrayView:
 
     `layout.keys` names the shards (or plain chunk objects) in the source
     directory `data`; `names` names the view's chunk files. `docs` names the
-    metadata files shown in the array directory instead of the source's, with
-    their sizes.
+    metadata files shown in the array directory instead of the source's.
 
     It is what every lookup of a chunk needs, and no more: its size does not
     grow with the array's attributes. `layout.view_metadata` is the view's
     `zarr.json` with empty attributes, and `v2.zattrs` lacks the attributes;
     the documents themselves are rendered from the stored document `source`
-    (version `metadata`) when they are read (see `Namespace._rendered`).
+    (version `metadata`) when they are needed (see `Namespace._rendered`).
     """
 
     key: str
@@ -57,7 +56,7 @@ class ArrayView:
     layout: ShardedLayout
     metadata: Stat
     names: ChunkKeyEncoding
-    docs: dict[str, int]
+    docs: tuple[str, ...]
     #: how stored chunks become v2 chunks (v2 view only)
     v2: V2Array | None
     #: Per level, the index slot of each view chunk of a shard (see `level_slots`).
@@ -94,12 +93,12 @@ class ArrayView:
 @dataclass(frozen=True, eq=False)
 class GroupView:
     """A group whose metadata the view rewrites (v2 view, draft sources): the documents
-    `docs` names (with their sizes) replace its zarr.json. They are rendered from the
-    stored document `source` (None for an implicit draft group) when they are read."""
+    `docs` names replace its zarr.json. They are rendered from the stored document
+    `source` (None for an implicit draft group) when they are needed."""
 
     key: str
     metadata: Stat
-    docs: dict[str, int]
+    docs: tuple[str, ...]
     source: str | None = None
 
     @property
