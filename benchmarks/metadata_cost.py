@@ -34,8 +34,7 @@ import numpy as np
 import zarr
 from common import Interrupts, machine
 
-from shardfs.fuse.mounts import mount_type
-from tests.conftest import Mounted, stop_mount
+from tests.conftest import Mounted, stop_mount, wait_mounted
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPE, SHARDS, CHUNKS = (128, 128), (64, 64), (8, 8)
@@ -85,14 +84,7 @@ def start(code: Path, source: Path, mountpoint: Path, log: Path) -> Mounted:
         process = subprocess.Popen(
             args, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env, cwd=code
         )
-    mounted = Mounted(mountpoint, process, log, ("ro",))
-    deadline = time.monotonic() + 60
-    while mount_type(str(mountpoint)) != "fuse.shardfs":
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop_mount(mounted)
-            raise RuntimeError(f"mount did not come up: {mounted.log()}")
-        time.sleep(0.05)
-    return mounted
+    return wait_mounted(Mounted(mountpoint, process, log, ("ro",)), timeout=60)
 
 
 def peak_memory(pid: int) -> int:

@@ -49,14 +49,19 @@ def start_mount(source: Path | str, mountpoint: Path, log_path: Path, *options: 
         args += ["-o", ",".join(options)]
     with open(log_path, "ab") as log:
         process = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-    mounted = Mounted(mountpoint, process, log_path, options)
-    deadline = time.monotonic() + 30
-    while mount_type(str(mountpoint)) != "fuse.shardfs":
-        if process.poll() is not None or time.monotonic() > deadline:
+    return wait_mounted(Mounted(mountpoint, process, log_path, options))
+
+
+def wait_mounted(mounted: Mounted, timeout: float = 30) -> Mounted:
+    """Wait until the daemon `mounted` started answers at its mountpoint; if it dies or
+    does not come up in `timeout` seconds, clean up and fail with its log."""
+    deadline = time.monotonic() + timeout
+    while mount_type(str(mounted.path)) != "fuse.shardfs":
+        if mounted.process.poll() is not None or time.monotonic() > deadline:
             stop_mount(mounted)
             raise RuntimeError(f"mount did not come up: {mounted.log()}")
         time.sleep(0.02)
-    os.stat(mountpoint)  # answered by the daemon
+    os.stat(mounted.path)  # answered by the daemon
     return mounted
 
 

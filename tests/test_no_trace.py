@@ -38,10 +38,9 @@ from zarr_checksum import compute_zarr_checksum
 from zarr_checksum.generators import yield_files_local
 
 from shardfs.cli import main
-from shardfs.fuse.mounts import mount_type
 from shardfs.storage import LocalStorage, journal
 from shardfs.storage.base import ABSENT
-from tests.conftest import Mounted, stop_mount
+from tests.conftest import Mounted, stop_mount, wait_mounted
 from tests.test_mount_crash import ARRAY, GRID, INNER, SHAPE, SHARD, make_source, read_chunk_values
 from tests.test_read_integrity import CRASHING_APPENDER
 from tests.test_storage_writes import CONCURRENT_APPENDERS, append_records, start_child, version
@@ -327,15 +326,7 @@ def start_stalling_mount(
         process = subprocess.Popen(
             args, stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=REPO, env=child_env()
         )
-    mounted = Mounted(mountpoint, process, log_path)
-    deadline = time.monotonic() + 30
-    while mount_type(str(mountpoint)) != "fuse.shardfs":
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop_mount(mounted)
-            raise RuntimeError(f"mount did not come up: {mounted.log()}")
-        time.sleep(0.02)
-    os.stat(mountpoint)
-    return mounted
+    return wait_mounted(Mounted(mountpoint, process, log_path))
 
 
 @pytest.mark.fuse

@@ -141,6 +141,16 @@ def test_no_v2_dtype_for_unknown_data_types() -> None:
             v3_data_type(np.dtype(dtype), "pickle")
 
 
+BLOSC = {
+    "name": "blosc",
+    "configuration": {
+        "cname": "zstd",
+        "clevel": 4,
+        "shuffle": "bitshuffle",
+        "typesize": 4,
+        "blocksize": 0,
+    },
+}
 #: (v3 codec, its v2 form, the v3 codec a v2 writer's form becomes)
 CODECS: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = [
     (
@@ -154,27 +164,9 @@ CODECS: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = [
         {"name": "zstd", "configuration": {"level": 2, "checksum": True}},
     ),
     (
-        {
-            "name": "blosc",
-            "configuration": {
-                "cname": "zstd",
-                "clevel": 4,
-                "shuffle": "bitshuffle",
-                "typesize": 4,
-                "blocksize": 0,
-            },
-        },
+        BLOSC,
         {"id": "blosc", "cname": "zstd", "clevel": 4, "shuffle": 2, "blocksize": 0},
-        {
-            "name": "blosc",
-            "configuration": {
-                "cname": "zstd",
-                "clevel": 4,
-                "shuffle": "bitshuffle",
-                "typesize": 4,
-                "blocksize": 0,
-            },
-        },
+        BLOSC,
     ),
     (
         {"name": "numcodecs.zstd", "configuration": {"level": 2}},
