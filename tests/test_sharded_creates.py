@@ -9,6 +9,10 @@ sharded. The same holds for a rewrite that adds, changes or removes the sharding
 an existing array. Everything runs through real mounts with zarr-python 3 as the
 writer; the source is then read directly by zarr-python 3 and tensorstore, or
 compared byte for byte with what it held before.
+
+Writers of the other Zarr format than the view shows are refused the same way: their
+metadata would be a scratch file and their chunks would land on keys the view does not
+serve, so the whole array would vanish at unmount.
 """
 
 from __future__ import annotations
@@ -311,3 +315,58 @@ def test_unsharded_creates_and_groups_are_stored_as_written(tmp_path: Path, moun
     # tensorstore cannot read whole-shard compression; zarr-python can.
     np.testing.assert_array_equal(zarr.open_array(source / "unchanged")[...], DATA)
     assert_only_nodes(source)
+
+
+def format_refusals(mounted: Mounted) -> list[str]:
+    return [line for line in mounted.log().splitlines() if " ERROR " in line]
+
+
+@pytest.mark.parametrize(
+    ("view", "zarr_format", "document"),
+    [((), 2, ".zarray"), (("view=v2",), 3, "zarr.json")],
+    ids=["v2_writer_in_v3_view", "v3_writer_in_v2_view"],
+)
+def test_a_writer_of_the_other_format_is_refused_at_once(
+    tmp_path: Path, mount, view: tuple[str, ...], zarr_format: int, document: str
+) -> None:
+    """Before, zarr-python 3 wrote the whole array, saw it, and the source never got it."""
+    source = tmp_path / "src"
+    make_source(source)
+    before = snapshot(source)
+    mounted: Mounted = mount(source, *view)
+    with pytest.raises(OSError) as info:
+        zarr.create_array(
+            mounted.path / "grp" / "new",
+            shape=SHAPE,
+            chunks=CHUNKS,
+            dtype=DATA.dtype,
+            zarr_format=zarr_format,
+        )[:] = DATA
+    assert info.value.errno == errno.EINVAL
+    lines = format_refusals(mounted)
+    assert len(lines) == 1, mounted.log()
+    assert f"grp/new/{document}" in lines[0] and "-o view=v2" in lines[0], lines[0]
+    mounted.stop()
+    assert snapshot(source) == before
+    assert_only_nodes(source)
+
+
+@pytest.mark.parametrize(
+    ("view", "name"),
+    [((), ".zattrs"), ((), ".zgroup"), ((), ".zmetadata"), (("view=v2",), "zarr.json")],
+)
+@WRITES
+def test_metadata_of_the_other_format_is_never_taken(
+    tmp_path: Path, mount, view: tuple[str, ...], name: str, write
+) -> None:
+    source = tmp_path / "src"
+    make_source(source)
+    before = snapshot(source)
+    mounted: Mounted = mount(source, "rw", *view)
+    for directory in ("", "grp", "plain"):
+        with pytest.raises(OSError) as info:
+            write(mounted.path / directory / name, "{}")
+        assert info.value.errno == errno.EINVAL
+    assert len(format_refusals(mounted)) == 3, mounted.log()
+    mounted.stop()
+    assert snapshot(source) == before

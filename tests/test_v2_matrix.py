@@ -7,15 +7,15 @@ datetime64, timedelta64) with its defaults, and every codec of `zarr.codecs.numc
 that zarr-python 3 can write here, each unsharded and sharded, with edge chunks, fill
 values and chunks left at the fill value. zarr-python 2.18 and xarray on zarr 2 read all
 of it through one `view=v2` mount (one script), zarr-python 3 through one `view=v3`
-mount, and both must see what zarr-python 3 reads from the source. Then xarray and
-zarr-python 2 write through `rw,view=v2` mounts; after the unmount zarr-python 3 (and
-tensorstore, for the types it knows) reads the source and finds what they wrote.
+mount, tensorstore through both (where it knows the types and codecs), and all must see
+what zarr-python 3 reads from the source. Then xarray and zarr-python 2 write through
+`rw,view=v2` mounts; after the unmount zarr-python 3, xarray on zarr 3 (and tensorstore,
+for the types it knows) read the source and find what they wrote.
 """
 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import math
 import warnings
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorstore as ts
+import xarray as xr
 import zarr
 import zarr.codecs.numcodecs as nc
 from zarr.dtype import VariableLengthBytes
@@ -866,6 +867,17 @@ class Matrix:
     zarr2_values: dict[str, np.ndarray]
     xarray_values: dict[str, np.ndarray]
     v3_values: dict[str, np.ndarray]
+    #: case -> "source", "v3", "v2" -> what tensorstore read there (values, or its error)
+    tensorstore: dict[str, dict[str, np.ndarray | str]]
+
+
+def ts_read(driver: str, path: Path) -> np.ndarray | str:
+    """The array at `path` as tensorstore's `driver` reads it, or why it could not."""
+    spec = {"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}
+    try:
+        return ts.open(spec, read=True).result().read().result()
+    except Exception as e:  # tensorstore raises ValueError and friends for unknown types
+        return f"{type(e).__name__}: {e}"
 
 
 @pytest.fixture(scope="module")
@@ -896,8 +908,16 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, zarr2: Zarr2) -> Iterator[M
                 case: np.asarray(zarr.open_array(v3.path / case / "v", mode="r")[...])
                 for case in CASES
             }
+            tensorstore = {
+                case: {
+                    "source": ts_read("zarr3", source / case / "v"),
+                    "v3": ts_read("zarr3", v3.path / case / "v"),
+                    "v2": ts_read("zarr", v2.path / case / "v"),
+                }
+                for case in CASES
+            }
         assert "ERROR" not in v3.log()
-        yield Matrix(source, v2, expected, seen, load("z"), load("x"), v3_values)
+        yield Matrix(source, v2, expected, seen, load("z"), load("x"), v3_values, tensorstore)
     finally:
         if v3 is not None:
             stop_mount(v3)
@@ -973,6 +993,43 @@ def test_unsharded_chunks_are_the_stored_bytes(matrix: Matrix, name: str) -> Non
 @by_case
 def test_the_v3_view_still_reads_every_array(matrix: Matrix, case: str) -> None:
     assert_same_values(matrix.v3_values[case], matrix.expected[case])
+
+
+#: Arrays tensorstore must read: its own data types and v3 codecs (it knows no
+#: `numcodecs.*` codec, nor zarr-python's string, bytes and datetime types) ...
+TENSORSTORE_V3 = [
+    "bool", "int8", "uint16", "int32", "int64", "uint64", "float16", "float32", "float64",
+    "complex64", "complex128", "bytes_only",
+]  # fmt: skip
+#: ... and through the v2 view also arrays of `numcodecs.*` codecs, shown as the
+#: v2 compressors it knows (crc32c cut off).
+TENSORSTORE_V2 = [*TENSORSTORE_V3, "bz2", "zlib", "gzip", "zstd", "blosc", "crc32c"]
+
+
+def _all_layouts(names: list[str]) -> list[str]:
+    return [f"{layout}/{name}" for layout in LAYOUTS for name in names]
+
+
+@pytest.mark.fuse
+@by_case
+def test_tensorstore_reads_the_v3_view_as_it_reads_the_source(matrix: Matrix, case: str) -> None:
+    """Where tensorstore knows the data type and codecs, it reads what the source holds;
+    where it does not, it refuses the view the way it refuses the source."""
+    read = matrix.tensorstore[case]
+    if isinstance(read["source"], str):
+        assert case not in _all_layouts(TENSORSTORE_V3), read["source"]
+        assert isinstance(read["v3"], str), "read through the view, not from the source"
+        return
+    assert not isinstance(read["v3"], str), read["v3"]
+    assert_same_values(read["v3"], matrix.expected[case])
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("case", _all_layouts(TENSORSTORE_V2))
+def test_tensorstore_reads_the_v2_view(matrix: Matrix, case: str) -> None:
+    read = matrix.tensorstore[case]["v2"]
+    assert not isinstance(read, str), read
+    assert_same_values(read, matrix.expected[case])
 
 
 READ_NEWEST = """
@@ -1137,13 +1194,15 @@ def test_xarray_on_zarr_2_writes_datasets_through_the_v2_view(
     for name, expected in (("temp", want["temp"]), ("time", time[...])):
         spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(ds / name)}}
         np.testing.assert_array_equal(ts.open(spec, read=True).result().read().result(), expected)
-    if importlib.util.find_spec("xarray") is not None:  # xarray on zarr 3, when installed
-        import xarray as xr
-
-        same = xr.open_zarr(ds, consolidated=False).load()
-        np.testing.assert_array_equal(same.temp.values, want["temp"])
-        assert same.station.values.tolist() == want["station"]
-        assert [str(t)[:10] for t in same.time.values] == want["time"]
+    # xarray on zarr 3 reads the same Dataset back, CF decoding included.
+    same = xr.open_zarr(ds, consolidated=False).load()
+    assert same.attrs == {"title": "issue 19"}
+    np.testing.assert_array_equal(same.temp.values, want["temp"])
+    assert same.temp.dims == ("time", "station")
+    assert same.station.values.tolist() == want["station"]
+    assert same.label.values.tolist() == want["label"]
+    assert same.flag.values.tolist() == want["flag"]
+    assert [str(t)[:10] for t in same.time.values] == want["time"]
 
 
 ZARR2_WRITES = """

@@ -535,6 +535,8 @@ class Workspace:
         neither stored nor kept as scratch (see `_stored_as_written`)."""
         parent = self.current(parent)
         path = join(parent.path, name)
+        if writing:
+            _check_format(path, name, self.ns.view)
         if parent.role in (Role.ARRAY, Role.CHUNK_DIR):
             array = self.ns.refresh(parent).array
             if parent.role is Role.ARRAY and name in array.docs:
@@ -783,6 +785,22 @@ class Workspace:
         if array is None or array.v2 is None:
             raise InvalidWrite(f"{directory}: .zarray written over a group")
         return render(mw.updated_from_zarray(source, array.v2.zarray, written))
+
+
+def _check_format(path: str, name: str, view: View) -> None:
+    """Refuse a metadata document of the other Zarr format than the view shows. Taken as a
+    scratch file, it would vanish at unmount, and the chunks written after it would land
+    at keys the view does not serve: a writer's whole array would be lost unseen."""
+    if view is View.V2 and name == METADATA:
+        raise InvalidWrite(
+            f"{path}: Zarr v3 metadata cannot be written in the v2 view "
+            "(mount without -o view=v2 to write Zarr v3)"
+        )
+    if view is View.V3 and name in V2_DOCS:
+        raise InvalidWrite(
+            f"{path}: Zarr v2 metadata cannot be written in the v3 view "
+            "(mount with -o view=v2 to write Zarr v2)"
+        )
 
 
 def _shown_unchanged(raw: bytes) -> dict | None:
