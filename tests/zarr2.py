@@ -25,7 +25,17 @@ VENV = ROOT / ".venv-zarr2"
 #: pytest too: zarr 2.18's draft v3 metadata decoder imports one of its test modules.
 #: xarray for the tests of xarray on zarr 2: a 2024 release (2024.11 installs beside
 #: zarr 2.18 and its numpy), with a pandas of its time (pandas 3 came after it).
-REQUIREMENTS = ("zarr>=2.18,<2.19", "pytest>=8", "xarray>=2024.6,<2025", "pandas>=2.1,<3")
+#: ome-zarr 0.10.x (0.10.3) for the OME-Zarr 0.4 reader and writer of legacy tools, on
+#: zarr 2 (0.12 moved to zarr 3; 0.11.1 is zarr 2 too, with the same reader). It brings
+#: dask, distributed, scikit-image (with scipy) and s3fs, which roughly doubles the
+#: environment (about 565 MB, 35 s to install); pip cannot leave any of them out.
+REQUIREMENTS = (
+    "zarr>=2.18,<2.19",
+    "pytest>=8",
+    "xarray>=2024.6,<2025",
+    "pandas>=2.1,<3",
+    "ome-zarr>=0.10,<0.11",
+)
 
 
 @dataclass(frozen=True)
