@@ -35,6 +35,10 @@ REQUIREMENTS = (
     "xarray>=2024.6,<2025",
     "pandas>=2.1,<3",
     "ome-zarr>=0.10,<0.11",
+    # numcodecs' array-to-bytes codecs, to read arrays zarr-python 3 writes with them
+    "pcodec>=0.3",
+    # (1.0.1.post0 breaks `import numcodecs` before 0.17: it cannot parse that version)
+    "zfpy>=1.0,!=1.0.1.post0",
 )
 
 
@@ -72,7 +76,7 @@ def ensure_zarr2() -> Zarr2:
 
 #: The newest zarr-python release needs a newer Python than the project's (3.12 or later).
 NEWEST_VENV = ROOT / ".venv-zarr-newest"
-NEWEST_REQUIREMENTS = ("zarr>=3.2", "numpy")
+NEWEST_REQUIREMENTS = ("zarr>=3.2", "numpy", "pcodec>=0.3", "zfpy>=1.0,!=1.0.1.post0")
 NEWEST_PYTHONS = ("3.13", "3.12")
 
 
