@@ -343,9 +343,10 @@ def test_a_writer_of_the_other_format_is_refused_at_once(
             zarr_format=zarr_format,
         )[:] = DATA
     assert info.value.errno == errno.EINVAL
+    # zarr-python 3 writes `.zarray` and `.zattrs` at once: each is refused, once.
     lines = format_refusals(mounted)
-    assert len(lines) == 1, mounted.log()
-    assert f"grp/new/{document}" in lines[0] and "-o view=v2" in lines[0], lines[0]
+    assert 1 <= len(lines) <= 2 and any(f"grp/new/{document}" in line for line in lines), lines
+    assert all("grp/new/" in line and "-o view=v2" in line for line in lines), lines
     mounted.stop()
     assert snapshot(source) == before
     assert_only_nodes(source)
