@@ -360,11 +360,11 @@ def test_both_forms_validate_and_round_trip(
 
 def odd_image() -> dict[str, Any]:
     """A valid 0.5 image with what 0.4 cannot show: a key under ome that 0.4 lacks, an
-    attribute beside ome named as an OME key, and the plate version ome-zarr-models writes."""
+    attribute beside ome named as an OME key, and a plate version of a 0.5 draft."""
     attributes = image("cyx")
     attributes["ome"]["schema_url"] = "https://ngff.openmicroscopy.org/0.5/schemas/image.schema"
     attributes["omero"] = {"mine": True}
-    attributes["ome"]["plate"] = {"version": "0.5", **PLATE["ome"]["plate"]}
+    attributes["ome"]["plate"] = {"version": "0.5-dev", **PLATE["ome"]["plate"]}
     return attributes
 
 
@@ -376,7 +376,7 @@ def test_dropped_is_named_and_not_shown() -> None:
     assert dropped == [
         "attribute 'omero': a 0.4 reader would take it for OME metadata",
         "ome.schema_url: 0.4 has no such key",
-        'ome.plate.version "0.5": 0.4 has "0.4" there',
+        'ome.plate.version "0.5-dev": 0.4 has "0.4" there',
     ]
     assert "schema_url" not in shown
     assert shown["omero"] == OMERO  # the OME object, not the attribute it hides
@@ -399,7 +399,7 @@ def test_a_04_edit_keeps_what_04_could_not_show() -> None:
     assert edited == original
     assert stored["ome"]["schema_url"] == attributes["ome"]["schema_url"]
     assert stored["omero"] == {"mine": True}
-    assert stored["ome"]["plate"]["version"] == "0.5"
+    assert stored["ome"]["plate"]["version"] == "0.5-dev"
     assert stored["ome"]["plate"]["name"] == "renamed"
     assert stored["ome"]["omero"]["channels"][0]["label"] == "Hoechst"
     assert [d["path"] for d in stored["ome"]["multiscales"][0]["datasets"]] == ["0", "1"]
@@ -408,12 +408,23 @@ def test_a_04_edit_keeps_what_04_could_not_show() -> None:
     assert v04_attributes(stored)[0] == edited
 
 
+def test_the_documents_own_version_inside_an_object_is_not_a_loss() -> None:
+    """ome-zarr-models writes `plate.version` "0.5"; 0.4 says it as "0.4", and a write
+    back restores it."""
+    attributes = copy.deepcopy(PLATE)
+    attributes["ome"]["plate"]["version"] = "0.5"
+    shown, dropped = v04_attributes(attributes)
+    assert dropped == []
+    assert shown["plate"]["version"] == "0.4"
+    assert v05_attributes(shown, attributes) == attributes
+
+
 def test_an_edit_inside_a_list_keeps_what_its_items_hid() -> None:
     attributes = image("yx")
     attributes["ome"]["multiscales"].append(multiscale("yx", "second"))
-    attributes["ome"]["multiscales"][1]["version"] = "0.5"  # as 0.5 drafts wrote it
+    attributes["ome"]["multiscales"][1]["version"] = "0.5-dev"  # as 0.5 drafts wrote it
     shown, dropped = v04_attributes(attributes)
-    assert dropped == ['ome.multiscales[1].version "0.5": 0.4 has "0.4" there']
+    assert dropped == ['ome.multiscales[1].version "0.5-dev": 0.4 has "0.4" there']
     shown["multiscales"][1]["name"] = "renamed"
     stored = v05_attributes(shown, attributes)
     assert stored["ome"]["multiscales"][1] == {

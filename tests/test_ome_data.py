@@ -23,10 +23,6 @@ import zarr
 from tests.ome_data import (
     CASES,
     LEVELS,
-    PLATE_COLUMNS,
-    PLATE_FIELDS,
-    PLATE_ROWS,
-    PLATE_WELLS,
     OmeData,
     image_czyx,
     image_with_labels,
@@ -34,7 +30,7 @@ from tests.ome_data import (
     plate,
     validate,
 )
-from tests.ome_read import read_ome_04, write_ome_04
+from tests.ome_read import assert_images_read, assert_plate_read, read_ome_04, write_ome_04
 from tests.zarr2 import Zarr2
 
 by_case = pytest.mark.parametrize("name", CASES)
@@ -222,79 +218,14 @@ def test_reader_script_finds_every_image(
     name: str, twins: dict[str, tuple[OmeData, Path, dict[str, Any]]]
 ) -> None:
     data, _, report = twins[name]
-    nodes = report["nodes"]
-    for image in data.images:
-        node = nodes[image.path]
-        assert "Multiscales" in node["specs"]
-        assert node["name"] == image.name
-        assert node["axes"] == [axis.ome() for axis in image.axes]
-        assert node["coordinateTransformations"] == [
-            [
-                {"type": "scale", "scale": list(level.scale)},
-                {"type": "translation", "translation": list(level.translation)},
-            ]
-            for level in image.levels
-        ]
-        if image.global_scale is not None:
-            multiscale = node["zattrs"]["multiscales"][0]
-            assert multiscale["coordinateTransformations"] == [
-                {"type": "scale", "scale": list(image.global_scale)}
-            ]
-        assert node["shapes"] == [list(level.shape) for level in image.levels]
-        assert node["dtypes"] == [str(image.dtype)] * LEVELS
-        for level, file in zip(image.levels, node["npy"], strict=True):
-            np.testing.assert_array_equal(np.load(file), level.data)
-        assert node["channel_names"] == (
-            [channel.label for channel in image.channels] if image.channels else None
-        )
-        if image.channels:
-            assert node["colormap"] == [
-                [[0, 0, 0], [int(c.color[i : i + 2], 16) / 255 for i in (0, 2, 4)]]
-                for c in image.channels
-            ]
-            assert node["contrast_limits"] == [list(c.window) for c in image.channels]
-        for label_path in image.labels:
-            parent, _, label_name = label_path.rpartition("/")
-            assert label_name in nodes[parent]["labels"]
-        if image.image_label is not None:
-            assert node["specs"] == ["Label", "Multiscales"]
-            assert node["label_colors"] == {
-                str(c["label-value"]): [v / 255 for v in c["rgba"]]
-                for c in image.image_label["colors"]
-            }
-            assert node["label_properties"] == {
-                str(p["label-value"]): {k: v for k, v in p.items() if k != "label-value"}
-                for p in image.image_label["properties"]
-            }
+    assert_images_read(data, report)
 
 
 def test_reader_script_sees_the_plate(
     twins: dict[str, tuple[OmeData, Path, dict[str, Any]]],
 ) -> None:
-    """The plate node stitches the first field of each well into the plate's grid, a
-    well node its fields side by side, as napari shows them."""
     data, _, report = twins["plate"]
-    nodes = report["nodes"]
-    assert nodes[""]["specs"] == ["Plate"]
-    plate_04 = nodes[""]["plate"]
-    plate_05 = data.attributes[""]["plate"]
-    assert plate_04 == plate_05 | {"version": "0.4"}
-    stitched = np.load(nodes[""]["npy"][0])
-    first = data.image("A/1/0").levels[0].data
-    height, width = first.shape[-2:]
-    assert stitched.shape == (2, len(PLATE_ROWS) * height, len(PLATE_COLUMNS) * width)
-    np.testing.assert_array_equal(stitched[:, :height, :width], first)
-    np.testing.assert_array_equal(stitched[:, height:, width:], data.image("B/2/0").levels[0].data)
-    assert not stitched[:, :height, width:].any()  # no well A/2
-    for well in PLATE_WELLS:
-        assert nodes[well]["specs"] == ["Well"]
-        assert nodes[well]["well"] == data.attributes[well]["well"] | {"version": "0.4"}
-        np.testing.assert_array_equal(
-            np.load(nodes[well]["npy"][0]),
-            np.concatenate(
-                [data.image(f"{well}/{f}").levels[0].data for f in PLATE_FIELDS], axis=-1
-            ),
-        )
+    assert_plate_read(data, report)
 
 
 def test_reader_script_follows_bioformats2raw(

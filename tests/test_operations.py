@@ -37,6 +37,7 @@ from shardfs.storage import LocalStorage
 from shardfs.view import Namespace
 from tests.backends import Source
 from tests.conftest import start_mount, stop_mount
+from tests.ome_data import image_with_labels, plate
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 REPO = Path(__file__).resolve().parent.parent
@@ -555,6 +556,41 @@ def test_info_describes_every_array(tmp_path: Path, source, capsys) -> None:
     assert image["dead_bytes"] == 0 and image["stored_bytes"] == sum(
         p.stat().st_size for p in (root / "image" / "c").rglob("*") if p.is_file()
     )
+
+
+def test_info_describes_the_ome_structure(tmp_path: Path, capsys) -> None:
+    """Images, levels with shapes and scales, channels, labels and the plate layout of an
+    OME-Zarr 0.5 source written by zarr-python 3; a source without OME says nothing."""
+    zarr.open_group(tmp_path, mode="w")
+    image_with_labels(tmp_path / "cells")
+    plate(tmp_path / "plate")
+    assert main(["info", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    ome = [line.strip() for line in out[out.index("OME-Zarr:") + 1 :]]
+    assert "image /cells: 'cells image', 3 levels" in ome
+    assert "axes: z (space, micrometer), y (space, micrometer), x (space, micrometer)" in ome
+    assert (
+        "level 1 (/cells/1): shape 10x24x26 uint16, scale [1, 1, 1], translation [0, 2.5, 2.5]"
+        in ome
+    )
+    assert "labels /cells/labels: cells" in ome
+    assert any(
+        line.startswith("label image /cells/labels/cells: 'cells', 3 levels") for line in ome
+    )
+    assert ome[ome.index("well A/1: 2 fields, acquisitions 0") - 2].startswith(
+        "plate /plate: 'test plate', 2 rows x 2 columns, 2 wells"
+    )
+    assert "channel 0: 'DAPI', color 0000FF, window 0..5000 of 0..65535" in ome
+    assert main(["info", "--json", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["ome"] == ome_lines(out)
+    zarr.open_group(tmp_path / "plain", mode="w")
+    assert main(["info", str(tmp_path / "plain")]) == 0
+    assert "OME-Zarr" not in capsys.readouterr().out
+
+
+def ome_lines(out: list[str]) -> list[str]:
+    """The OME-Zarr section of `shardfs info`, without its indentation."""
+    return [line[2:] for line in out[out.index("OME-Zarr:") + 1 :]]
 
 
 @pytest.mark.fuse

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from shardfs.errors import InvalidMetadata, InvalidWrite
+from shardfs.formats import ome
 from shardfs.formats.codecs import (
     V2_FIELD,
     VLEN_CODECS,
@@ -138,10 +139,15 @@ def updated_v3(
 
 
 def updated_from_zattrs(source: dict[str, Any], written: dict[str, Any]) -> dict[str, Any]:
-    """The source metadata after `.zattrs` was replaced (`_ARRAY_DIMENSIONS` names the axes)."""
+    """The source metadata after `.zattrs` was replaced (`_ARRAY_DIMENSIONS` names the
+    axes). OME-Zarr 0.4 metadata of a group (or of a node holding OME 0.5) is stored in
+    its 0.5 form (see `shardfs.formats.ome`); an array's attributes are its own words."""
     new = dict(source)
     attrs = dict(written)
     names = attrs.pop("_ARRAY_DIMENSIONS", None)
+    current = source.get("attributes")
+    if not is_array(source) or ome.is_v05(current):
+        attrs = ome.v05_attributes(attrs, current if isinstance(current, dict) else None)
     new["attributes"] = attrs
     if is_array(source) and names is not None:
         if not (
@@ -152,6 +158,16 @@ def updated_from_zattrs(source: dict[str, Any], written: dict[str, Any]) -> dict
             raise InvalidWrite(f"_ARRAY_DIMENSIONS {names!r} does not name each axis")
         new["dimension_names"] = names
     return new
+
+
+def with_dimension_names(meta: dict[str, Any], names: list[str]) -> dict[str, Any] | None:
+    """An array's metadata naming its axes `names` (as OME-Zarr 0.5 requires of a level
+    array, from the image's axes), or None if it names them already or has another rank."""
+    if not is_array(meta) or meta.get("dimension_names") is not None:
+        return None
+    if len(names) != len(meta.get("shape") or []):
+        return None
+    return {**meta, "dimension_names": list(names)}
 
 
 def updated_from_zarray(

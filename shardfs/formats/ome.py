@@ -21,8 +21,8 @@ item, say) is refused with InvalidWrite: it would need another translation.
 What 0.4 cannot say is left out of the 0.4 form and named (`v04_attributes`):
 a key under `ome` that 0.4 does not have, an attribute beside `ome` whose name
 is an OME key (a 0.4 reader would take it for OME metadata), and a version
-inside an object (0.5 has none there, but ome-zarr-models writes
-`plate.version` "0.5") where 0.4 says "0.4". A 0.4 document written back
+inside an object (0.5 has none there) other than the document's own (which
+ome-zarr-models writes into `plate`, and which 0.4 says as "0.4"). A 0.4 document written back
 (`v05_attributes`) takes from the node's current attributes what the 0.4 form
 left out, so a 0.4 tool's read-modify-write loses nothing. What else 0.5
 requires, the level arrays' `dimension_names`, is `dimension_names`.
@@ -74,6 +74,11 @@ def _ome(attributes: Any) -> dict[str, Any] | None:
     return None
 
 
+def is_v05(attributes: Any) -> bool:
+    """Whether a node's attributes hold OME-Zarr 0.5 metadata."""
+    return _ome(attributes) is not None
+
+
 def _items(container: Any, key: str) -> list[dict[str, Any]]:
     """The objects of the list at `key`, skipping what is not an object (metadata may be bad)."""
     value = container.get(key) if isinstance(container, dict) else None
@@ -114,7 +119,8 @@ def v04_attributes(attributes: dict[str, Any]) -> tuple[dict[str, Any], list[str
             dropped.append(f"ome.{key}: 0.4 has no such key")
     for where, obj in _versioned(shown):
         version = obj.get("version", V04)
-        if version != V04:
+        # the document's own version restated inside an object is what 0.4 says as "0.4"
+        if version not in (V04, ome["version"]):
             dropped.append(
                 f"ome.{where}.version {json.dumps(version)}: 0.4 has {json.dumps(V04)} there"
             )

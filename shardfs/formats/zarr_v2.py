@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from shardfs.errors import InvalidMetadata
+from shardfs.formats import ome
 from shardfs.formats.codecs import (
     V2_FIELD,
     VLEN_CODECS,
@@ -74,7 +75,6 @@ class V2Array:
     """A v3 array as zarr v2: its documents and how its chunks are served."""
 
     zarray: dict[str, Any]
-    zattrs: dict[str, Any]
     keys: ChunkKeyEncoding
     transform: Transform
     decoder: ChunkDecoder | None = None  #: set for DECODE
@@ -165,13 +165,15 @@ def _fill_value(meta: dict[str, Any], dtype: np.dtype) -> Any:
     return fill_value(value, dtype)
 
 
-def zattrs(meta: dict[str, Any]) -> dict[str, Any]:
-    """`.zattrs`: the attributes, plus `_ARRAY_DIMENSIONS` (what xarray reads) for named axes."""
-    attrs = dict(meta.get("attributes") or {})
+def zattrs(meta: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`.zattrs`: the attributes, OME-Zarr 0.5 metadata in its 0.4 form (see
+    `shardfs.formats.ome`), plus `_ARRAY_DIMENSIONS` (what xarray reads) for named axes;
+    and what of the attributes the 0.4 form could not show."""
+    attrs, dropped = ome.v04_attributes(dict(meta.get("attributes") or {}))
     names = meta.get("dimension_names")
     if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
         attrs.setdefault("_ARRAY_DIMENSIONS", names)
-    return attrs
+    return attrs, dropped
 
 
 def v2_array(meta: dict[str, Any]) -> V2Array:
@@ -281,7 +283,7 @@ def v2_array(meta: dict[str, Any]) -> V2Array:
         "dimension_separator": keys.separator,
     }
     v2_keys = ChunkKeyEncoding("v2", keys.separator)
-    return V2Array(zarray, zattrs(meta), v2_keys, transform, decoder, encoder)
+    return V2Array(zarray, v2_keys, transform, decoder, encoder)
 
 
 def consolidated(documents: dict[str, dict[str, Any]]) -> dict[str, Any]:

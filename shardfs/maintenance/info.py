@@ -5,7 +5,8 @@ or not), shape, data type, shard and inner chunk shapes; for a sharded array
 the shards found, its non-empty inner chunks (from the shard indexes) and the
 space appends left dead in them (as `fsck` counts it); for an unsharded array
 its chunk objects. Shard indexes are read fresh, like fsck does, but nothing
-is repaired.
+is repaired. Then the OME-Zarr structure, where the source holds OME-Zarr 0.5
+(`shardfs.formats.ome.describe`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from shardfs.errors import CorruptData, InvalidMetadata, StorageError
+from shardfs.formats import ome
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.zarr_v3 import ShardedLayout, Unshardable, plain_layout, sharded_layout
 from shardfs.maintenance.fsck import ArrayUsage
@@ -70,6 +72,8 @@ class InfoReport:
     unchecked: list[str] = field(default_factory=list)
     #: shards with an unfinished append (a writer at work, or one that crashed)
     pending: list[str] = field(default_factory=list)
+    #: the OME-Zarr structure (images, levels, channels, labels, plate), if any
+    ome: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +82,7 @@ class InfoReport:
             "skipped": [{"path": display(s.path), "reason": s.reason} for s in self.skipped],
             "unchecked": self.unchecked,
             "pending": self.pending,
+            "ome": self.ome,
         }
 
     def lines(self) -> list[str]:
@@ -92,6 +97,7 @@ class InfoReport:
             total = ["total", "", "", "", "", "", str(shards), "", format_size(stored)]
             rows.append([*total, _dead(dead, stored)])
         lines = table([*header, "stored", "dead"], rows, left=3)
+        lines += ["", "OME-Zarr:", *(f"  {line}" for line in self.ome)] if self.ome else []
         lines += [f"skipped {display(s.path)}: {s.reason}" for s in self.skipped]
         lines += [f"unfinished append in {key}" for key in self.pending]
         lines += [f"not read: {reason}" for reason in self.unchecked]
@@ -136,6 +142,7 @@ def survey(storage: Storage, progress: Progress | None = None) -> InfoReport:
     nodes, skipped = find_nodes(storage)
     report = InfoReport(storage.describe(""), skipped=skipped)
     report.pending = [storage.describe(key) for key in reader.pending]
+    report.ome = ome.describe({node.path: node.meta for node in nodes})
     arrays: list[tuple[NodeInfo, ShardedLayout, list[str]]] = []
     for node in nodes:
         info = _describe(storage, node, report, arrays)

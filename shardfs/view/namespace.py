@@ -49,6 +49,7 @@ from shardfs.errors import (
     SourceChanged,
     StorageError,
 )
+from shardfs.formats import ome
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.zarr_v2 import (
     ZARRAY,
@@ -536,7 +537,8 @@ class Namespace(Resolves):
 
     def _group_view(self, key: str, doc: NodeDoc, meta: dict) -> GroupView | None:
         if self.view is View.V2:
-            return GroupView(key, doc.stat, (ZGROUP, ZATTRS), doc.key)
+            shown_ome = ome.is_v05(meta.get("attributes"))
+            return GroupView(key, doc.stat, (ZGROUP, ZATTRS), doc.key, shown_ome)
         if self.tree.translates:
             return GroupView(key, doc.stat, (METADATA,), doc.key)
         return None
@@ -553,6 +555,12 @@ class Namespace(Resolves):
         v2 = None
         if self.view is View.V2:
             v2 = v2_array(json.loads(layout.view_metadata) if layout is not None else bare)
+            if not v2.keys.nested and self._in_ome(key):
+                log.warning(
+                    "%s: shown with the '.' dimension separator it is stored with: "
+                    "OME-Zarr 0.4 readers need '/'",
+                    self.storage.describe(doc.key if doc.key is not None else key),
+                )
         if layout is None:
             layout = plain_layout(bare, render_v3(bare))
         names = layout.keys if v2 is None else v2.keys
@@ -561,6 +569,16 @@ class Namespace(Resolves):
         data = self.tree.data_dir(key)
         slots = level_slots(stored)
         return ArrayView(key, data, stored, doc.stat, names, docs, v2, slots, doc.key)
+
+    def _in_ome(self, key: str) -> bool:
+        """Whether the array at `key` lies in an OME-Zarr 0.5 hierarchy (a group above it
+        holds OME metadata)."""
+        while key:
+            key = key.rpartition("/")[0]
+            group = self._meta_at(key)
+            if isinstance(group, GroupView) and group.ome:
+                return True
+        return False
 
     def _render(self, view: NodeView, raw: bytes | None, meta: dict | None) -> dict[str, bytes]:
         """The documents the view shows for `view`, from its stored document `raw`, parsed
@@ -577,16 +595,25 @@ class Namespace(Resolves):
             meta = self.tree.parse(raw)
         if isinstance(view, GroupView):
             if self.view is View.V2:
-                return {ZGROUP: render({"zarr_format": 2}), ZATTRS: render(zattrs(meta))}
+                return {ZGROUP: render({"zarr_format": 2}), ZATTRS: self._zattrs(view, meta)}
             return {METADATA: render_v3(meta)}
         if view.v2 is not None:
-            return {ZARRAY: render(view.v2.zarray), ZATTRS: render(zattrs(meta))}
+            return {ZARRAY: render(view.v2.zarray), ZATTRS: self._zattrs(view, meta)}
         if not view.layout.levels:
             return {METADATA: render_v3(meta)}
         shown = json.loads(view.layout.view_metadata)  # the layout's, without attributes
         if "attributes" in meta:
             shown["attributes"] = meta["attributes"]
         return {METADATA: render_v3(shown)}
+
+    def _zattrs(self, view: NodeView, meta: dict) -> bytes:
+        """`.zattrs` of a node; one log line (per version rendered) names what of its
+        OME-Zarr 0.5 metadata the 0.4 form cannot show."""
+        attrs, dropped = zattrs(meta)
+        if dropped:
+            name = self.storage.describe(view.source if view.source is not None else view.key)
+            log.warning("%s: OME-Zarr 0.4 form leaves out %s", name, "; ".join(dropped))
+        return render(attrs)
 
     def _rendered(self, view: NodeView) -> dict[str, bytes]:
         """The documents the view shows for `view`: cached, or rendered again from the

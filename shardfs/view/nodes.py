@@ -46,8 +46,7 @@ class ArrayView:
 
     It is what every lookup of a chunk needs, and no more: its size does not
     grow with the array's attributes. `layout.view_metadata` is the view's
-    `zarr.json` with empty attributes, and `v2.zattrs` lacks the attributes;
-    the documents themselves are rendered from the stored document `source`
+    `zarr.json` with empty attributes; the documents themselves are rendered from the stored document `source`
     (version `metadata`) when they are needed (see `Namespace._rendered`).
     """
 
@@ -100,6 +99,8 @@ class GroupView:
     metadata: Stat
     docs: tuple[str, ...]
     source: str | None = None
+    #: it holds OME-Zarr 0.5 metadata (its arrays need the `/` separator in OME-Zarr 0.4)
+    ome: bool = False
 
     @property
     def version(self) -> tuple[str | None, object]:

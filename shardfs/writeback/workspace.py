@@ -50,6 +50,7 @@ from shardfs.errors import (
     ShardfsError,
 )
 from shardfs.formats import metadata_write as mw
+from shardfs.formats import ome
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA, Transform
 from shardfs.formats.zarr_v3 import Unshardable, parse_node, plain_layout, render, sharded_layout
@@ -733,17 +734,46 @@ class Workspace:
     def _store_metadata(self, node: Node, raw: bytes) -> None:
         """Translate a written metadata document back and store it in the source."""
         directory, _, name = node.path.rpartition("/")
-        key = join(directory, METADATA)
-        stat = self.storage.stat(key)
-        source = None
-        if stat is not None and not stat.is_dir:
-            source = json.loads(self.storage.read(key, 0, stat.size, stat.version))
+        source, version = self._read_metadata(directory)
         if self.ns.view is View.V3:
             data = self._v3_document(directory, source, raw)
         else:
             data = self._v2_document(directory, name, source, raw)
-        if data is not None:
-            self.storage.put(key, [data], ABSENT if stat is None else stat.version)
+        if data is None:
+            return
+        self.storage.put(join(directory, METADATA), [data], version)
+        if self.ns.view is View.V2:
+            attributes = json.loads(data).get("attributes") or {}
+            for path, names in ome.dimension_names(attributes).items():
+                self._name_axes(join(directory, path), names)
+
+    def _read_metadata(self, directory: str) -> tuple[dict | None, object]:
+        """The stored `zarr.json` of `directory` (None if none) and its version (ABSENT if
+        none), to store the next one over it."""
+        stat = self.storage.stat(join(directory, METADATA))
+        if stat is None or stat.is_dir:
+            return None, ABSENT
+        raw = self.storage.read(join(directory, METADATA), 0, stat.size, stat.version)
+        return json.loads(raw), stat.version
+
+    def _name_axes(self, directory: str, names: list[str]) -> None:
+        """Give the level array at `directory` of an OME-Zarr image the dimension names
+        0.5 requires (its image's axes): a 0.4 writer has no words for them."""
+        meta, version = self._read_metadata(directory)
+        named = mw.with_dimension_names(meta, names) if meta is not None else None
+        if named is not None:
+            self.storage.put(join(directory, METADATA), [render(named)], version)
+
+    def _image_axes(self, directory: str) -> list[str] | None:
+        """The axes names of the OME-Zarr image (above `directory`) whose level it is."""
+        group = directory
+        while group:
+            group = group.rpartition("/")[0]
+            meta, _ = self._read_metadata(group)
+            if meta is not None and ome.is_v05(meta.get("attributes")):
+                level = directory[len(group) + 1 :] if group else directory
+                return ome.dimension_names(meta["attributes"]).get(level)
+        return None
 
     def _v3_document(self, directory: str, source: dict | None, raw: bytes) -> bytes:
         """What the source stores for a `zarr.json` written in the v3 view. A document that
@@ -778,6 +808,8 @@ class Workspace:
             if name == ZATTRS:
                 raise InvalidWrite(f"{directory}: .zattrs written before .zarray or .zgroup")
             meta = mw.v3_from_zarray(written)
+            names = self._image_axes(directory)
+            meta = (mw.with_dimension_names(meta, names) if names else None) or meta
             return render(mw.shard(meta, self.shard_new) if self.shard_new else meta)
         if name == ZATTRS:
             return render(mw.updated_from_zattrs(source, written))
