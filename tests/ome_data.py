@@ -161,12 +161,13 @@ def write_image(
     global_scale: Sequence[float] | None = None,
     compressors: Any = "auto",
     image_label: dict[str, Any] | None = None,
+    chunks_per_shard: int = 2,
 ) -> tuple[Image, dict[str, Any]]:
     """Write `data` as a multiscale image group `path` of `root` ("" for `root`) with
     LEVELS levels. A level keeps `chunks` along an axis they split, else takes half the
     axis, so lower levels have edge chunks too; `sharded[i]` says whether level i is
-    sharded (shards of 2 chunks along every axis the chunks split). Returns the image and
-    its `ome` attributes."""
+    sharded (shards of `chunks_per_shard` chunks along every axis the chunks split).
+    Returns the image and its `ome` attributes."""
     axis_list = tuple(
         Axis(a, AXIS_TYPES[a][0], unit if AXIS_TYPES[a][0] == "space" else AXIS_TYPES[a][1])
         for a in axes
@@ -179,7 +180,10 @@ def write_image(
             c if c < n else max(1, (n + 1) // 2) for c, n in zip(chunks, data.shape, strict=True)
         )
         shards = (
-            tuple(2 * c if c < n else c for c, n in zip(level_chunks, data.shape, strict=True))
+            tuple(
+                chunks_per_shard * c if c < n else c
+                for c, n in zip(level_chunks, data.shape, strict=True)
+            )
             if sharded[index]
             else None
         )
@@ -546,10 +550,9 @@ def bioformats2raw(root: Path) -> OmeData:
 
 
 def dandi_like(root: Path) -> OmeData:
-    """A DANDI-like zyx uint16 volume: 64^3 chunks in shards of 2x2x2 chunks, zstd, on
-    every level (130^3 at level 0: edge chunks and a part-filled edge shard). Its 4.4 MB
-    of incompressible pixels are eight times the other cases' together, yet it builds in
-    a tenth of a second, so it stays in CASES."""
+    """The DANDI layout of the design notes: a zyx uint16 volume of 64^3 chunks, 32^3
+    chunks per shard (a 512 KiB shard index), zstd, on every level (130^3 at level 0:
+    edge chunks in one part-filled shard)."""
     image, ome = write_image(
         _open(root),
         "",
@@ -561,6 +564,7 @@ def dandi_like(root: Path) -> OmeData:
         scale=(1.0, 1.0, 1.0),
         translation=(0.0, 0.0, 0.0),
         compressors=ZstdCodec(level=3),
+        chunks_per_shard=32,
     )
     return _single(root, image, ome)
 

@@ -85,9 +85,12 @@ def test_builder_writes_what_it_describes(name: str, tmp_path: Path) -> None:
 def test_dandi_like_layout(tmp_path: Path) -> None:
     data = CASES["dandi"](tmp_path)
     level = data.images[0].levels[0]
-    assert (level.shape, level.chunks, level.shards) == ((130,) * 3, (64,) * 3, (128,) * 3)
+    assert (level.shape, level.chunks, level.shards) == ((130,) * 3, (64,) * 3, (2048,) * 3)
     codecs = json.loads((tmp_path / "0" / "zarr.json").read_text())["codecs"]
     assert [c["name"] for c in codecs[0]["configuration"]["codecs"]] == ["bytes", "zstd"]
+    shard = tmp_path / "0" / "c" / "0" / "0" / "0"
+    assert [p for p in (tmp_path / "0" / "c").rglob("*") if p.is_file()] == [shard]
+    assert shard.stat().st_size > 32**3 * 16  # the index: 32^3 entries of 16 bytes
 
 
 @by_case
