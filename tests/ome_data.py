@@ -20,14 +20,14 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
 import zarr
+from ome_zarr_models import v05
 from ome_zarr_models.common.omero import Omero
 from ome_zarr_models.exceptions import ValidationWarning
-from ome_zarr_models.v05 import HCS, BioFormats2Raw
-from ome_zarr_models.v05 import Image as ImageModel
 from zarr.codecs import BloscCodec, ZstdCodec
 
 VERSION = "0.5"
@@ -247,25 +247,34 @@ def write_image(
     return image, ome
 
 
-def validate(data: OmeData) -> None:
-    """Check what `data` describes with ome-zarr-models v05 (its warnings of data that is
-    not strictly compliant count as errors), plus what the models leave out: `omero`
-    channels (one per channel of the image) and bioformats2raw's `series`."""
+def validate_models(root: Path, data: OmeData, version: ModuleType, zarr_format: int) -> None:
+    """ome-zarr-models' `version` module (`v04`, `v05`) validates the hierarchy `data`
+    describes at `root`, each image too; its warnings of data that is not strictly
+    compliant count as errors."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", ValidationWarning)
-        root = zarr.open_group(data.root, mode="r", zarr_format=3)
-        if data.kind == "image":
-            ImageModel.from_zarr(root)
-        elif data.kind == "plate":
-            HCS.from_zarr(root)
-        else:
-            BioFormats2Raw.from_zarr(root)
+        group = zarr.open_group(root, mode="r", zarr_format=zarr_format)
+        model = {"image": version.Image, "plate": version.HCS}.get(data.kind)
+        (model or version.BioFormats2Raw).from_zarr(group)
+        for image in data.images:
+            version.Image.from_zarr(
+                zarr.open_group(root / image.path, mode="r", zarr_format=zarr_format)
+            )
+
+
+def validate(data: OmeData) -> None:
+    """Check what `data` describes with ome-zarr-models v05, plus what the models leave
+    out: `omero` channels (one per channel of the image) and bioformats2raw's `series`."""
+    validate_models(data.root, data, v05, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ValidationWarning)
+        if data.kind == "bioformats2raw":
             series = data.attributes["OME"]["series"]
             ome_group = zarr.open_group(data.root / "OME", mode="r", zarr_format=3)
             if ome_group.attrs["ome"] != {"version": VERSION, "series": series}:
                 raise ValueError(f"OME group attributes: {ome_group.attrs.asdict()}")
             for path in series:
-                ImageModel.from_zarr(zarr.open_group(data.root / path, mode="r"))
+                v05.Image.from_zarr(zarr.open_group(data.root / path, mode="r"))
         for image in data.images:
             attrs = zarr.open_group(data.root / image.path, mode="r").attrs["ome"]
             if "omero" in attrs:

@@ -287,18 +287,7 @@ def test_labels_v04_form() -> None:
     shown, dropped = v04_attributes(LABEL_IMAGE)
     assert dropped == []
     assert shown == {
-        "image-label": {
-            "version": "0.4",
-            "colors": [
-                {"label-value": 1, "rgba": [255, 0, 0, 255]},
-                {"label-value": 2, "rgba": [0, 255, 0, 128]},
-            ],
-            "properties": [
-                {"label-value": 1, "class": "cell", "area (pixels)": 1200},
-                {"label-value": 2, "class": "nucleus"},
-            ],
-            "source": {"image": "../../"},
-        },
+        "image-label": {"version": "0.4", **IMAGE_LABEL},
         "multiscales": [{"version": "0.4", **multiscale("zyx", "cells")}],
     }
 
@@ -306,23 +295,7 @@ def test_labels_v04_form() -> None:
 def test_hcs_v04_form() -> None:
     plate, dropped = v04_attributes(PLATE)
     assert dropped == []
-    assert plate == {
-        "plate": {
-            "version": "0.4",
-            "name": "test plate",
-            "rows": [{"name": "A"}, {"name": "B"}],
-            "columns": [{"name": "1"}, {"name": "2"}, {"name": "3"}],
-            "wells": [
-                {"path": "A/1", "rowIndex": 0, "columnIndex": 0},
-                {"path": "B/3", "rowIndex": 1, "columnIndex": 2},
-            ],
-            "field_count": 2,
-            "acquisitions": [
-                {"id": 0, "name": "first", "maximumfieldcount": 2, "starttime": 1343731272},
-                {"id": 1, "name": "second", "maximumfieldcount": 1},
-            ],
-        }
-    }
+    assert plate == {"plate": {"version": "0.4", **PLATE["ome"]["plate"]}}
     assert v04_attributes(WELL_A1) == (
         {
             "well": {

@@ -23,14 +23,12 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from ome_zarr_models import v04
 from ome_zarr_models.exceptions import ValidationWarning
-from ome_zarr_models.v04 import HCS as HCS04
-from ome_zarr_models.v04 import BioFormats2Raw as BioFormats2Raw04
-from ome_zarr_models.v04 import Image as Image04
 from ome_zarr_models.v05 import Image as Image05
 
 from tests.conftest import Mounted, start_mount, stop_mount
-from tests.ome_data import CASES, OmeData, image_czyx, image_zyx, validate
+from tests.ome_data import CASES, OmeData, image_czyx, image_zyx, validate, validate_models
 from tests.ome_read import assert_images_read, assert_plate_read, read_ome_04
 from tests.zarr2 import Zarr2
 
@@ -56,21 +54,6 @@ def served(
         stop_mount(mounted)
 
 
-def validate_04(root: Path, data: OmeData) -> None:
-    """ome-zarr-models v04 validates the hierarchy at `root` (its warnings are errors)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ValidationWarning)
-        group = zarr.open_group(root, mode="r", zarr_format=2)
-        if data.kind == "image":
-            Image04.from_zarr(group)
-        elif data.kind == "plate":
-            HCS04.from_zarr(group)
-        else:
-            BioFormats2Raw04.from_zarr(group)
-        for image in data.images:
-            Image04.from_zarr(zarr.open_group(root / image.path, mode="r", zarr_format=2))
-
-
 @by_case
 def test_a_04_reader_reads_every_image_through_the_view(
     name: str, served: tuple[dict[str, OmeData], Mounted, dict[str, dict[str, Any]]]
@@ -88,7 +71,7 @@ def test_ome_zarr_models_validates_the_view_as_04(
     name: str, served: tuple[dict[str, OmeData], Mounted, dict[str, dict[str, Any]]]
 ) -> None:
     built, mounted, _ = served
-    validate_04(mounted.path / name, built[name])
+    validate_models(mounted.path / name, built[name], v04, zarr_format=2)
 
 
 @by_case
