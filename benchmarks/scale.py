@@ -3,15 +3,28 @@
 Why: a reader walks a mounted array as it walks any directory tree (`find`,
 `du`, `ls -l`, `tar`), and the daemon must serve a million chunk files without
 its memory growing with them. This script measures, in one run and on one
-machine, a sharded array written by tensorstore (uint16, inner chunks 8 x 8,
-shards of 32 x 32 inner chunks, zstd; `--rows` x 10,000 inner chunks, so
-every chunk directory of the view holds 10,000 files) through a `-o ro`
-mount, and a plain copy of its view (one file per chunk) on local disk:
+machine, a sharded array written by tensorstore through a `-o ro` mount, and a
+plain copy of its view (one file per chunk) on local disk. The array has one
+of two layouts:
+
+  2d     (the default) uint16, inner chunks 8 x 8, shards of 32 x 32 inner
+         chunks, zstd; `--rows` x 10,000 inner chunks, so every chunk
+         directory `c/<i>` of the view holds 10,000 files.
+  dandi  the DANDI layout of the design notes: uint8, inner chunks 64^3,
+         shards of 32^3 inner chunks (a 512 KiB index each), zstd, keys
+         c/i/j/k; `--rows` x 100 x 100 inner chunks, so the view has
+         `--rows` x 100 chunk directories `c/<i>/<j>` of 100 files each
+         (1,000,000 chunks by default). Every chunk holds one value
+         (1 + (i + 3j + k) % 251), so zstd packs its 256 KiB into 26 bytes:
+         the 262 GB array takes 64 shards of about 1.4 MiB, and the plain
+         copy holds the view's files, compressed as the mount shows them.
+
+The steps, on both sides:
 
   start-up  `shardfs mount SOURCE MOUNTPOINT -o ro` until the root answers (mount only)
   find      `find DIR -type f | wc -l`
   du        `du -sb DIR`
-  ls        `ls -l DIR/data/c/0 | wc -l` (one 10,000-file directory)
+  ls        `ls -l` of one chunk directory (`DIR/data/c/0`, dandi `DIR/data/c/0/0`)
   read      `tar -cf - -C DIR . | wc -c` (every byte of every file)
 
 each COLD (page cache, dentries and inodes dropped) and WARM (the same command
@@ -22,9 +35,12 @@ every step, so its peak (VmHWM) covers the whole walk and a full read. COLD
 drops the kernel's caches only: the daemon keeps what earlier steps loaded,
 as a long-running mount does. The table shows medians; each ratio (mount time /
 plain time) is the median of per-repetition ratios, with its range. Needs root
-(drop_caches, FUSE).
+(drop_caches, FUSE). The targets checked are the issues': 2d find and du warm
+<= 3x; dandi (issue 21) find warm <= 1.5x and cold <= 4x, du and tar warm <= 2x;
+both start-up < 1 s and a daemon peak below 256 MiB.
 
-    .venv/bin/python benchmarks/scale.py [--rows 100] [--data DIR] [--repeat 3]
+    .venv/bin/python benchmarks/scale.py [--layout 2d|dandi] [--rows 100] [--data DIR]
+        [--repeat 3]
 
 Without --data, the data lives in a temporary directory that is removed at the
 end; with it, the data is kept and reused by the next run with the same options.
@@ -43,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -60,18 +77,22 @@ from shardfs.fuse.mounts import lock_path, mount_type, open_lock, unmount, wait_
 from shardfs.storage import LocalStorage  # noqa: E402
 from shardfs.view import Namespace  # noqa: E402
 
-#: Inner chunk edge (uint16), inner chunks per shard along each axis, and chunk columns:
-#: each chunk directory c/<row> of the view holds COLUMNS files.
+#: The 2d layout: inner chunk edge (uint16), inner chunks per shard along each axis, and
+#: chunk columns: each chunk directory c/<row> of the view holds COLUMNS files.
 CHUNK = 8
 SHARD = 32
 COLUMNS = 10_000
+#: The dandi layout: inner chunk edge (uint8), inner chunks per shard along each axis,
+#: and chunks along the second and third axes: each directory c/<i>/<j> holds DANDI_SIDE.
+DANDI_CHUNK = 64
+DANDI_SHARD = 32
+DANDI_SIDE = 100
 ARRAY = "data"
 #: The metadata documents of the view (root group, array), besides the chunk files.
 DOCUMENTS = 2
 #: Bumped whenever the generated data changes, so an old data set is not reused.
 GENERATOR = 1
 STARTUP_TARGET = 1.0  #: seconds
-RATIO_TARGET = 3.0  #: find and du, warm: mount time / plain time
 RSS_TARGET = 256  #: MiB, the daemon's peak
 SHARDFS = [sys.executable, "-m", "shardfs"]
 MODES = ("cold", "warm")
@@ -80,7 +101,7 @@ MODES = ("cold", "warm")
 # -- the data set ---------------------------------------------------------------------
 
 
-def write_source(source: Path, rows: int) -> None:
+def write_source(source: Path, rows: int) -> None:  # the 2d layout
     """The sharded array, written by tensorstore (not shardfs) one row of shards at a
     time: a ramp that zstd packs small, never the fill value, so every chunk is stored."""
     zarr.open_group(source, mode="w")  # the root group, so the view is a hierarchy
@@ -118,7 +139,7 @@ def write_source(source: Path, rows: int) -> None:
         array[start : start + len(y)].write(ramp).result()
 
 
-def check_source(source: Path, rows: int) -> None:
+def check_source(source: Path, rows: int) -> None:  # the 2d layout
     """zarr-python must read it as the array asked for, with the values written."""
     array = zarr.open_array(source / ARRAY, mode="r")
     expected = {
@@ -144,6 +165,164 @@ def check_source(source: Path, rows: int) -> None:
     ramp = (1 + (y[:, None] * 7 + x[None, :]) % 4093).astype(np.uint16)
     if not np.array_equal(array[-3:, -300:], ramp):
         raise RuntimeError(f"{source}: zarr-python reads other values than were written")
+
+
+def dandi_array(source: Path, rows: int) -> ts.TensorStore:
+    """The DANDI-layout array below `source`, created by tensorstore."""
+    zarr.open_group(source, mode="w")  # the root group, so the view is a hierarchy
+    bytes_codec = {"name": "bytes", "configuration": {"endian": "little"}}
+    sharding = {
+        "chunk_shape": [DANDI_CHUNK] * 3,
+        "codecs": [bytes_codec, {"name": "zstd", "configuration": {"level": 3}}],
+        "index_codecs": [bytes_codec, {"name": "crc32c"}],
+        "index_location": "end",
+    }
+    shard = DANDI_CHUNK * DANDI_SHARD
+    side = DANDI_SIDE * DANDI_CHUNK
+    return ts.open(
+        {
+            "driver": "zarr3",
+            "kvstore": {"driver": "file", "path": str(source / ARRAY)},
+            "metadata": {
+                "shape": [rows * DANDI_CHUNK, side, side],
+                "data_type": "uint8",
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [shard] * 3}},
+                "chunk_key_encoding": {"name": "default"},
+                "fill_value": 0,
+                "codecs": [{"name": "sharding_indexed", "configuration": sharding}],
+            },
+            "create": True,
+        }
+    ).result()
+
+
+def dandi_value(i: np.ndarray | int, j: np.ndarray | int, k: np.ndarray | int) -> np.ndarray:
+    """The one value of chunk (i, j, k): never the fill value, so every chunk is stored."""
+    return np.asarray(1 + (i + 3 * j + k) % 251, dtype=np.uint8)
+
+
+def write_dandi(source: Path, rows: int) -> None:
+    """The DANDI-layout array, written by tensorstore one layer of chunks (64 planes) and
+    one shard column at a time (256 MiB), a few writes in flight so both cores encode."""
+    array = dandi_array(source, rows)
+    c, s = DANDI_CHUNK, DANDI_SHARD
+    started = time.perf_counter()
+    for i in range(rows):
+        writes: list[ts.Future] = []
+        for j0 in range(0, DANDI_SIDE, s):
+            for k0 in range(0, DANDI_SIDE, s):
+                j = np.arange(j0, min(j0 + s, DANDI_SIDE))
+                k = np.arange(k0, min(k0 + s, DANDI_SIDE))
+                plane = np.repeat(np.repeat(dandi_value(i, j[:, None], k[None, :]), c, 0), c, 1)
+                block = np.empty((c, *plane.shape), dtype=np.uint8)
+                block[:] = plane
+                region = array[
+                    i * c : (i + 1) * c, j0 * c : (j0 + len(j)) * c, k0 * c : (k0 + len(k)) * c
+                ]
+                writes.append(region.write(block))
+                while len(writes) > 2:
+                    writes.pop(0).result()
+        for write in writes:
+            write.result()
+        if (i + 1) % 10 == 0 or i + 1 == rows:
+            elapsed = time.perf_counter() - started
+            print(f"  {i + 1}/{rows} chunk layers, {elapsed:.0f} s", flush=True)
+
+
+def check_dandi(source: Path, rows: int) -> None:
+    """zarr-python must read it as the array asked for, with the values written."""
+    array = zarr.open_array(source / ARRAY, mode="r")
+    side = DANDI_SIDE * DANDI_CHUNK
+    expected = {
+        "shape": (rows * DANDI_CHUNK, side, side),
+        "chunks": (DANDI_CHUNK,) * 3,
+        "shards": (DANDI_CHUNK * DANDI_SHARD,) * 3,
+        "dtype": np.dtype("uint8"),
+        "compressors": ("zstd",),
+    }
+    found = {
+        "shape": array.shape,
+        "chunks": array.chunks,
+        "shards": array.shards,
+        "dtype": array.dtype,
+        "compressors": tuple(
+            type(c).__name__.removesuffix("Codec").lower() for c in array.compressors
+        ),
+    }
+    if found != expected:
+        raise RuntimeError(f"{source}: zarr-python sees {found}, expected {expected}")
+    c = DANDI_CHUNK
+    for i, j, k in ((0, 0, 0), (rows // 2, 37, 70), (rows - 1, DANDI_SIDE - 1, DANDI_SIDE - 1)):
+        chunk = array[i * c : (i + 1) * c, j * c : (j + 1) * c, k * c : (k + 1) * c]
+        if not (chunk == dandi_value(i, j, k)).all():
+            raise RuntimeError(f"{source}: zarr-python reads other values in chunk {i, j, k}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What differs between the layouts: the array, its chunk directories, the `ls -l`
+    directory, and the issue's targets (mount time / plain time) per (step, mode)."""
+
+    name: str
+    #: inner chunks along the axes after the first (the first has --rows)
+    sides: tuple[int, ...]
+    #: below the array: the chunk directory `ls -l` lists
+    ls_dir: str
+    targets: dict[tuple[str, str], float]
+    write: Callable[[Path, int], None]
+    check: Callable[[Path, int], None]
+    #: the description of the array
+    describe: Callable[[int], str]
+
+    def grid(self, rows: int) -> tuple[int, ...]:
+        return (rows, *self.sides)
+
+    def chunks(self, rows: int) -> int:
+        return int(np.prod(self.grid(rows)))
+
+    def per_dir(self) -> int:
+        """Chunk files per chunk directory."""
+        return self.sides[-1]
+
+    def chunk_dirs(self, rows: int) -> list[str]:
+        """Every directory below `c` of the array: `i`, and for 3-D also `i/j`."""
+        if len(self.sides) == 1:
+            return [str(i) for i in range(rows)]
+        return [
+            *(str(i) for i in range(rows)),
+            *(f"{i}/{j}" for i in range(rows) for j in range(self.sides[0])),
+        ]
+
+
+LAYOUTS = {
+    "2d": Layout(
+        "2d",
+        (COLUMNS,),
+        "c/0",
+        {("find", "warm"): 3.0, ("du", "warm"): 3.0},
+        write_source,
+        check_source,
+        lambda rows: (
+            f"array {rows * CHUNK} x {COLUMNS * CHUNK} uint16, chunks {CHUNK}^2, shards "
+            f"{CHUNK * SHARD}^2, zstd, written by tensorstore: {rows * COLUMNS} chunks in "
+            f"{rows} directories of {COLUMNS}"
+        ),
+    ),
+    "dandi": Layout(
+        "dandi",
+        (DANDI_SIDE, DANDI_SIDE),
+        "c/0/0",
+        {("find", "warm"): 1.5, ("find", "cold"): 4.0, ("du", "warm"): 2.0, ("read", "warm"): 2.0},
+        write_dandi,
+        check_dandi,
+        lambda rows: (
+            f"DANDI layout: array {rows * DANDI_CHUNK} x {DANDI_SIDE * DANDI_CHUNK} x "
+            f"{DANDI_SIDE * DANDI_CHUNK} uint8, chunks {DANDI_CHUNK}^3 (each one value), "
+            f"shards of {DANDI_SHARD}^3 chunks, zstd, written by tensorstore: "
+            f"{rows * DANDI_SIDE**2} chunks in {rows * DANDI_SIDE} directories of {DANDI_SIDE}"
+        ),
+    ),
+}
 
 
 def write_files(directory: Path, files: list[tuple[str, bytes]]) -> None:
@@ -202,17 +381,27 @@ def materialize(source: Path, copy: Path) -> int:
 @dataclass
 class Dataset(DataDir):
     rows: int
+    layout: Layout = LAYOUTS["2d"]
 
     @property
     def chunks(self) -> int:
-        return self.rows * COLUMNS
+        return self.layout.chunks(self.rows)
 
     @property
     def params(self) -> dict[str, object]:
+        if self.layout.name == "2d":  # as before the layouts: its data sets stay usable
+            return {
+                "grid": [self.rows, COLUMNS],
+                "chunk": CHUNK,
+                "shard": SHARD,
+                "generator": GENERATOR,
+                "tensorstore": version("tensorstore"),
+            }
         return {
-            "grid": [self.rows, COLUMNS],
-            "chunk": CHUNK,
-            "shard": SHARD,
+            "layout": self.layout.name,
+            "grid": list(self.layout.grid(self.rows)),
+            "chunk": DANDI_CHUNK,
+            "shard": DANDI_SHARD,
             "generator": GENERATOR,
             "tensorstore": version("tensorstore"),
         }
@@ -227,13 +416,11 @@ class Dataset(DataDir):
         for path in (self.source, self.plain):
             shutil.rmtree(path, ignore_errors=True)
         started = time.perf_counter()
-        print(
-            f"writing {self.source} with tensorstore, {self.rows} x {COLUMNS} chunks ...",
-            flush=True,
-        )
-        write_source(self.source, self.rows)
+        grid = " x ".join(map(str, self.layout.grid(self.rows)))
+        print(f"writing {self.source} with tensorstore, {grid} chunks ...", flush=True)
+        self.layout.write(self.source, self.rows)
         print(f"  {time.perf_counter() - started:.1f} s", flush=True)
-        check_source(self.source, self.rows)
+        self.layout.check(self.source, self.rows)
         started = time.perf_counter()
         print(f"materializing the view as {self.plain} ...", flush=True)
         files = materialize(self.source, self.plain)
@@ -248,7 +435,7 @@ class Dataset(DataDir):
             top,
             top / ARRAY,
             top / ARRAY / "c",
-            *(top / ARRAY / "c" / str(i) for i in range(self.rows)),
+            *(top / ARRAY / "c" / d for d in self.layout.chunk_dirs(self.rows)),
         ]
 
 
@@ -386,12 +573,13 @@ class Step:
     output: dict[str, str] = field(default_factory=dict)
 
 
-def steps() -> list[Step]:
+def steps(layout: Layout) -> list[Step]:
     """The walks, in the order each side runs them; labels are table cells (| escaped)."""
+    ls = f"{ARRAY}/{layout.ls_dir}"
     return [
         Step("find", "`find DIR -type f \\| wc -l`", "find {dir} -type f | wc -l"),
         Step("du", "`du -sb DIR`", "du -sb {dir} | cut -f1"),
-        Step("ls", "`ls -l DIR/data/c/0 \\| wc -l`", "ls -l {dir}/data/c/0 | wc -l"),
+        Step("ls", f"`ls -l DIR/{ls} \\| wc -l`", f"ls -l {{dir}}/{ls} | wc -l"),
         Step("read", "`tar -cf - -C DIR . \\| wc -c`", "tar -cf - -C {dir} . | wc -c"),
     ]
 
@@ -401,12 +589,15 @@ class Run:
     dataset: Dataset
     daemon: Daemon
     timeout: float
-    steps: list[Step] = field(default_factory=steps)
+    steps: list[Step] = field(default_factory=list)
     startup: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})
     #: per repetition: VmRSS (KiB) after the start and after each step, and VmHWM ("peak")
     rss: list[dict[str, int]] = field(default_factory=list)
     #: per side: the bytes `du -sb` counted for the files alone (its total less directories)
     file_bytes: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.steps = self.steps or steps(self.dataset.layout)
 
     def side(self, side: str, rep: int, repeat: int) -> None:
         """Every step, COLD then WARM, on one side."""
@@ -460,7 +651,7 @@ class Run:
                 raise RuntimeError(
                     f"find on the {side} side counted {out['find'][side]}, not {files}"
                 )
-            if int(out["ls"][side]) != COLUMNS + 1:  # with the "total" line
+            if int(out["ls"][side]) != self.dataset.layout.per_dir() + 1:  # and "total"
                 raise RuntimeError(f"ls -l on the {side} side printed {out['ls'][side]} lines")
         if out["read"]["mount"] != out["read"]["plain"]:
             raise RuntimeError(f"tar streams differ in length: {out['read']}")
@@ -476,13 +667,14 @@ def ratio_cell(mount: list[float], plain: list[float], target: float | None) -> 
     noisy neighbour slows both): the median, and the range."""
     ratios = sorted(m / p for m, p in zip(mount, plain, strict=True))
     ratio = statistics.median(ratios)
-    cell = f"{ratio:.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+    cell = f"{ratio:.2f}x" + (f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else "")
     if target is not None:
         cell += f", target <= {target:g}x: {'ok' if ratio <= target else 'ABOVE'}"
     return cell
 
 
 def report(run: Run, repeat: int) -> str:
+    targets = run.dataset.layout.targets
     lines = [
         f"| step (median of {repeat}) | mount cold s | plain cold s | mount warm s | plain warm s "
         "| cold mount/plain | warm mount/plain |",
@@ -506,11 +698,12 @@ def report(run: Run, repeat: int) -> str:
             ratio_cell(
                 step.times["mount"][mode],
                 step.times["plain"][mode],
-                RATIO_TARGET if mode == "warm" and step.key in ("find", "du") else None,
+                targets.get((step.key, mode)),
             )
             for mode in MODES
         ]
-        label = f"**{step.label}**" if step.key in ("find", "du") else step.label
+        targeted = any(key == step.key for key, _ in targets)
+        label = f"**{step.label}**" if targeted else step.label
         lines.append(f"| {label} | {' | '.join(medians)} | {' | '.join(ratios)} |")
     lines += ["", "| daemon RSS, MiB | " + " | ".join(f"rep {i + 1}" for i in range(repeat)) + " |"]
     lines.append("|---|" + "---:|" * repeat)
@@ -529,7 +722,8 @@ def outputs(run: Run) -> str:
     out = {step.key: step.output for step in run.steps}
     return (
         f"find: {out['find']['mount']} files on both sides ({run.dataset.chunks} chunks + "
-        f"{DOCUMENTS} zarr.json); ls -l: {out['ls']['mount']} lines (10,000 entries + total); "
+        f"{DOCUMENTS} zarr.json); ls -l: {out['ls']['mount']} lines "
+        f"({run.dataset.layout.per_dir():,} entries + total); "
         f"du -sb: mount {out['du']['mount']}, plain {out['du']['plain']} "
         f"(files alone: {run.file_bytes['plain']} on both; the rest is directory sizes); "
         f"tar: {out['read']['mount']} bytes on both sides"
@@ -542,10 +736,19 @@ def outputs(run: Run) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
+        "--layout",
+        choices=sorted(LAYOUTS),
+        default="2d",
+        help="2d (default): 10,000-file directories; dandi: 3-D, 100-file directories",
+    )
+    parser.add_argument(
         "--rows",
         type=int,
         default=100,
-        help=f"chunk rows of {COLUMNS} chunks (default 100: 1M chunks)",
+        help=(
+            f"chunks along the first axis: rows of {COLUMNS} chunks (2d), layers of "
+            f"{DANDI_SIDE} x {DANDI_SIDE} chunks (dandi); default 100: 1M chunks"
+        ),
     )
     parser.add_argument("--data", type=Path, help="keep the data here (default: a temp dir)")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (median reported)")
@@ -559,7 +762,7 @@ def main() -> int:
         parser.error("needs root: it drops the page cache and mounts")
     interrupts = Interrupts()  # so `finally` unmounts on SIGTERM too
     data = args.data.resolve() if args.data else Path(tempfile.mkdtemp(prefix="shardfs-scale-"))
-    dataset = Dataset(data, args.rows)
+    dataset = Dataset(data, args.rows, LAYOUTS[args.layout])
     daemon = Daemon(dataset, interrupts)
     run = Run(dataset, daemon, args.step_timeout)
     code, digest = revision(), code_digest()
@@ -572,13 +775,11 @@ def main() -> int:
         else:
             dataset.build()
         shards, shard_bytes = source_size(dataset.source)
-        print(
-            f"array {args.rows * CHUNK} x {COLUMNS * CHUNK} uint16, chunks {CHUNK}^2, shards "
-            f"{CHUNK * SHARD}^2, zstd, written by tensorstore: {dataset.chunks} chunks in "
-            f"{args.rows} directories of {COLUMNS}; the source: {shards} files, "
-            f"{shard_bytes / (1 << 20):.1f} MiB",
-            flush=True,
+        described = (
+            f"{dataset.layout.describe(args.rows)}; the source: {shards} files, "
+            f"{shard_bytes / (1 << 20):.1f} MiB"
         )
+        print(described, flush=True)
         run.measure(args.repeat)
         run.check()
         summary = outputs(run)
@@ -592,6 +793,7 @@ def main() -> int:
     print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
     print(machine())
     print(f"shardfs at {code}")
+    print(described)
     print(summary)
     print()
     print(report(run, args.repeat))

@@ -1,0 +1,279 @@
+"""The floor: a pyfuse3 + trio daemon whose handlers do nothing.
+
+Why: every request a shardfs mount answers goes through the kernel, libfuse,
+pyfuse3's request loop and trio before shardfs's own code runs, and in Python
+that machinery alone costs tens of µs of CPU per request. This daemon serves
+N files of SIZE bytes from memory, read-only, in directories of PER_DIR files
+(`<d>/<f>`, both counted from 0; `--per-dir 0`: all in the root), with
+handlers that only look up an integer. What it costs per file read is the
+per-request floor of a pyfuse3 file system in Python, which no shardfs change
+can go below; `per_file.py` measures shardfs against it (issue 21). Like a
+`-o ro` shardfs mount it keeps entries, attributes and pages cached (300 s
+timeouts, `keep_cache`) and answers `flush` with ENOSYS, so the kernel stops
+sending it.
+
+    .venv/bin/python benchmarks/floor.py serve MOUNTPOINT N [--noopen] [--size 64]
+        [--per-dir 100] [--counts FILE]
+
+runs in the foreground until `fusermount3 -u MOUNTPOINT` (mount type `fuse.floor`).
+
+--noopen   `open` and `opendir` answer ENOSYS: the kernel then stops sending
+           open, release, opendir and releasedir for the connection, keeps the
+           pages and listings itself, and sends reads and readdirs with fh 0.
+           Stock pyfuse3 3.5 hands a handler only that fh, so the daemon could
+           not tell files or directories apart; this needs a pyfuse3 patched to
+           pass the inode instead (it has `pyfuse3.SHARDFS_INODE_FH`), and is
+           refused without it.
+--counts   count the requests each handler gets (a wrapper per handler, which
+           costs a little CPU: leave it out of timed runs) and write them as a
+           JSON object {handler: count} to FILE at exit and on every SIGUSR1
+           (through a temporary file renamed over FILE, so a reader never sees
+           half of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import errno
+import json
+import os
+import signal
+import stat
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pyfuse3
+import trio
+
+#: Entry and attribute timeouts, as a read-only shardfs mount gives them.
+TIMEOUT = 300.0
+#: The handlers `--counts` counts (all the floor answers).
+HANDLERS = (
+    "lookup",
+    "getattr",
+    "forget",
+    "opendir",
+    "readdir",
+    "releasedir",
+    "open",
+    "read",
+    "flush",
+    "release",
+    "statfs",
+)
+
+
+def inode_fh_supported() -> bool:
+    """Whether this pyfuse3 passes the inode to `read` and `readdir` when the kernel sends
+    fh 0 (after `open`/`opendir` answered ENOSYS): the patched build, not stock 3.5."""
+    return bool(getattr(pyfuse3, "SHARDFS_INODE_FH", False))
+
+
+class Floor(pyfuse3.Operations):
+    """N read-only files of `size` bytes in directories of `per_dir` files.
+
+    Inodes: 1 the root, then the directories (if `per_dir`), then the files in order.
+    """
+
+    def __init__(self, n: int, size: int, per_dir: int, noopen: bool) -> None:
+        super().__init__()
+        self.n = n
+        self.data = b"x" * size
+        self.per_dir = per_dir
+        self.dirs = -(-n // per_dir) if per_dir else 0
+        self.first_file = 2 + self.dirs
+        self.noopen = noopen
+        self.uid, self.gid = os.getuid(), os.getgid()
+
+    def _attr(self, ino: int) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = ino
+        entry.entry_timeout = entry.attr_timeout = TIMEOUT
+        entry.st_uid, entry.st_gid = self.uid, self.gid
+        if ino < self.first_file:
+            entry.st_mode = stat.S_IFDIR | 0o555
+            entry.st_nlink = 2
+        else:
+            entry.st_mode = stat.S_IFREG | 0o444
+            entry.st_nlink = 1
+            entry.st_size = len(self.data)
+            entry.st_blocks = -(-len(self.data) // 512)
+        return entry
+
+    def _children(self, ino: int) -> range:
+        """The inodes in directory `ino`, in listing order."""
+        if ino == 1:
+            return range(2, self.first_file) if self.per_dir else range(2, 2 + self.n)
+        if 2 <= ino < self.first_file:
+            start = self.first_file + (ino - 2) * self.per_dir
+            return range(start, min(start + self.per_dir, self.first_file + self.n))
+        raise pyfuse3.FUSEError(errno.ENOTDIR)
+
+    def _name(self, parent: int, ino: int) -> bytes:
+        return str(ino - self._children(parent).start).encode()
+
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext | None = None
+    ) -> pyfuse3.EntryAttributes:
+        children = self._children(parent_inode)
+        try:
+            i = int(name)
+        except ValueError:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+        if not 0 <= i < len(children) or name != str(i).encode():
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attr(children[i])
+
+    async def getattr(
+        self, inode: int, ctx: pyfuse3.RequestContext | None = None
+    ) -> pyfuse3.EntryAttributes:
+        if inode >= self.first_file + self.n:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attr(inode)
+
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        pass
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        if self.noopen:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        return inode  # readdir gets the inode either way (see --noopen)
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        children = self._children(fh)
+        for position in range(start_id, len(children)):
+            ino = children[position]
+            name = str(position).encode()
+            if not pyfuse3.readdir_reply(token, name, self._attr(ino), position + 1):
+                return
+
+    async def releasedir(self, fh: int) -> None:
+        pass
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if self.noopen:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=True, direct_io=False)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return self.data[off : off + size]
+
+    async def flush(self, fh: int) -> None:
+        raise pyfuse3.FUSEError(errno.ENOSYS)  # the kernel stops sending flushes
+
+    async def release(self, fh: int) -> None:
+        pass
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        data = pyfuse3.StatvfsData()
+        data.f_bsize = data.f_frsize = 4096
+        data.f_namemax = 255
+        return data
+
+
+def counting(ops: Floor, counts: collections.Counter[str]) -> None:
+    """Wrap each handler of `ops` (on the instance) so that it counts its calls."""
+
+    def wrap(name: str, handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def counted(*args: Any) -> Any:
+            counts[name] += 1
+            return await handler(*args)
+
+        return counted
+
+    for name in HANDLERS:
+        setattr(ops, name, wrap(name, getattr(ops, name)))
+
+
+def write_counts(path: str, counts: collections.Counter[str]) -> None:
+    """`counts` as JSON at `path`, replaced atomically."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as f:
+        json.dump(dict(sorted(counts.items())), f)
+    os.replace(temporary, path)
+
+
+def serve(
+    mountpoint: str,
+    n: int,
+    noopen: bool = False,
+    *,
+    size: int = 64,
+    per_dir: int = 100,
+    counts: str | None = None,
+) -> None:
+    """Mount the floor at `mountpoint` and serve it until it is unmounted (or SIGINT/SIGTERM,
+    which unmount too); with `counts`, write the request counts there (see the module doc)."""
+    if noopen and not inode_fh_supported():
+        raise RuntimeError(
+            "--noopen needs a pyfuse3 that passes the inode as fh when the kernel sends "
+            f"fh 0 (pyfuse3.SHARDFS_INODE_FH); pyfuse3 {pyfuse3.__version__} at "
+            f"{pyfuse3.__file__} is not patched"
+        )
+    ops = Floor(n, size, per_dir, noopen)
+    counter: collections.Counter[str] = collections.Counter()
+    if counts is not None:
+        counting(ops, counter)
+    pyfuse3.init(ops, mountpoint, {"fsname=floor", "subtype=floor", "ro", "default_permissions"})
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def signals() -> None:
+                with trio.open_signal_receiver(signal.SIGUSR1, signal.SIGINT, signal.SIGTERM) as s:
+                    async for signum in s:
+                        if signum == signal.SIGUSR1:
+                            if counts is not None:
+                                write_counts(counts, counter)
+                        else:  # unmount; pyfuse3.main returns once the kernel lets go
+                            pyfuse3.terminate()
+
+            nursery.start_soon(signals)
+            print("ready", flush=True)
+            await pyfuse3.main(min_tasks=2, max_tasks=16)  # as shardfs's daemon runs it
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        pyfuse3.close(unmount=True)
+        if counts is not None:
+            write_counts(counts, counter)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    command = commands.add_parser("serve", help="mount and serve in the foreground")
+    command.add_argument("mountpoint")
+    command.add_argument("n", type=int, help="number of files")
+    command.add_argument("--noopen", action="store_true", help="open/opendir answer ENOSYS")
+    command.add_argument("--size", type=int, default=64, help="bytes per file (default 64)")
+    command.add_argument(
+        "--per-dir", type=int, default=100, help="files per directory (0: all in the root)"
+    )
+    command.add_argument("--counts", help="write request counts as JSON here")
+    args = parser.parse_args()
+    if args.n < 1 or args.size < 0 or args.per_dir < 0:
+        parser.error("N must be positive, --size and --per-dir not negative")
+    try:
+        serve(
+            args.mountpoint,
+            args.n,
+            args.noopen,
+            size=args.size,
+            per_dir=args.per_dir,
+            counts=args.counts,
+        )
+    except RuntimeError as e:
+        print(f"floor: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
