@@ -22,8 +22,10 @@ runs in the foreground until `fusermount3 -u MOUNTPOINT` (mount type `fuse.floor
            pages and listings itself, and sends reads and readdirs with fh 0.
            Stock pyfuse3 3.5 hands a handler only that fh, so the daemon could
            not tell files or directories apart; this needs a pyfuse3 patched to
-           pass the inode instead (it has `pyfuse3.SHARDFS_INODE_FH`), and is
-           refused without it.
+           pass the inode instead (it has `pyfuse3.SHARDFS_INODE_AS_FH`;
+           scripts/setup builds it, see patches/README.md), and is refused
+           without it. (The kernel still sends the first flush; the floor
+           answers it ENOSYS, and then none comes.)
 --counts   count the requests each handler gets (a wrapper per handler, which
            costs a little CPU: leave it out of timed runs) and write them as a
            JSON object {handler: count} to FILE at exit and on every SIGUSR1
@@ -68,7 +70,7 @@ HANDLERS = (
 def inode_fh_supported() -> bool:
     """Whether this pyfuse3 passes the inode to `read` and `readdir` when the kernel sends
     fh 0 (after `open`/`opendir` answered ENOSYS): the patched build, not stock 3.5."""
-    return bool(getattr(pyfuse3, "SHARDFS_INODE_FH", False))
+    return bool(getattr(pyfuse3, "SHARDFS_INODE_AS_FH", False))
 
 
 class Floor(pyfuse3.Operations):
@@ -139,7 +141,7 @@ class Floor(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         if self.noopen:
             raise pyfuse3.FUSEError(errno.ENOSYS)
-        return inode  # readdir gets the inode either way (see --noopen)
+        return inode  # readdir gets the inode either way (see --noopen); never fh 0
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         children = self._children(fh)
@@ -211,8 +213,8 @@ def serve(
     if noopen and not inode_fh_supported():
         raise RuntimeError(
             "--noopen needs a pyfuse3 that passes the inode as fh when the kernel sends "
-            f"fh 0 (pyfuse3.SHARDFS_INODE_FH); pyfuse3 {pyfuse3.__version__} at "
-            f"{pyfuse3.__file__} is not patched"
+            "fh 0 (pyfuse3.SHARDFS_INODE_AS_FH, see patches/README.md); pyfuse3 "
+            f"{pyfuse3.__version__} at {pyfuse3.__file__} is not patched"
         )
     ops = Floor(n, size, per_dir, noopen)
     counter: collections.Counter[str] = collections.Counter()

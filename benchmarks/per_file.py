@@ -404,7 +404,7 @@ def main() -> int:
         kinds.remove("floor-noopen")
         skipped = (
             "floor-noopen skipped: this pyfuse3 does not pass the inode as fh when the "
-            "kernel sends fh 0 (no pyfuse3.SHARDFS_INODE_FH; the patched build is needed)"
+            "kernel sends fh 0 (no pyfuse3.SHARDFS_INODE_AS_FH: scripts/setup builds it)"
         )
         print(skipped, flush=True)
     interrupts = Interrupts()  # so `finally` unmounts on SIGTERM too
