@@ -303,6 +303,7 @@ def _view(
         serve_plain=not options.read_only,
         read_cache=options.read_cache,
         listing_cache=options.listing_cache,
+        shard_mtimes=options.read_only,  # read-only mounts let the kernel cache listings
     )
     if options.read_only:
         unfinished = storage.pending_recovery()
@@ -317,6 +318,25 @@ def _view(
         log.warning("recovery: %s", line)
     buffer = WriteBuffer(options.write_buffer, options.spool)
     return Workspace(namespace, buffer, shard_new=options.shard_new)
+
+
+def _kernel_served(options: MountOptions) -> bool:
+    """Whether the kernel serves re-reads and listings of this mount itself: read-only
+    mounts, unless `kernel_cache=no`, where pyfuse3 carries the patch that makes it
+    possible (one log line says why not otherwise)."""
+    import pyfuse3
+
+    from shardfs.fuse.adapter import INODE_AS_FH
+
+    if not (options.read_only and options.kernel_cache):
+        return False
+    if not INODE_AS_FH:
+        log.info(
+            "pyfuse3 %s lacks the patch in patches/ (scripts/setup builds it): the kernel "
+            "cannot serve re-reads and listings itself, so every open and listing is asked",
+            pyfuse3.__version__,
+        )
+    return INODE_AS_FH
 
 
 def _raise_file_limit() -> None:
@@ -359,7 +379,12 @@ def _run_daemon(
         outcome = serve(
             view,
             args.mountpoint,
-            MountConfig(read_only=options.read_only, inodes=options.inodes),
+            MountConfig(
+                read_only=options.read_only,
+                timeout=options.cache_timeout,
+                inodes=options.inodes,
+                kernel_served=_kernel_served(options),
+            ),
             options.fuse_options(_fsname(args.source)),
             on_ready=lambda: report("ready"),
             flush_interval=options.flush_interval,

@@ -66,6 +66,12 @@ class MountOptions:
     listing_cache: int = 64 << 20
     #: inodes of directories and other files (not chunks) the daemon keeps for the kernel
     inodes: int = 100_000
+    #: read-only mounts: let the kernel serve re-reads and listings itself (needs the
+    #: patched pyfuse3; `kernel_cache=no` keeps open and opendir requests)
+    kernel_cache: bool = True
+    #: read-only mounts: how long the kernel trusts what it caches (entries, attributes,
+    #: and with `kernel_cache` pages and listings) before it asks again
+    cache_timeout: float = 300.0
     #: kernel mount flags (KERNEL_FLAGS), the last given of each pair (`exec`/`noexec`, ...)
     flags: dict[str, str] = field(default_factory=dict)
     given: list[str] = field(default_factory=list)
@@ -171,6 +177,12 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.listing_cache = parse_size(value)
             elif name == "inodes":
                 options.inodes = int(_positive(name, value, int))
+            elif name == "cache_timeout":
+                options.cache_timeout = _positive(name, value, float)
+            elif name == "kernel_cache":
+                if value not in ("yes", "no"):
+                    raise UsageError(f"option kernel_cache takes yes or no, got {value!r}")
+                options.kernel_cache = value == "yes"
             elif name == "spool" and value:
                 options.spool = os.path.abspath(value)
                 item = f"spool={options.spool}"

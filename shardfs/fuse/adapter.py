@@ -9,15 +9,17 @@ loop.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import itertools
 import logging
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 import pyfuse3
 import trio
@@ -46,6 +48,7 @@ log = logging.getLogger("shardfs")
 
 P = ParamSpec("P")
 T = TypeVar("T")
+V = TypeVar("V")
 
 _ERRNO: list[tuple[type[ShardfsError], int]] = [
     (NotFound, errno.ENOENT),
@@ -121,6 +124,14 @@ def _send(
     return sent
 
 
+async def _invalidate(inode: int) -> None:
+    """Have the kernel drop the pages and attributes it keeps of `inode`. From a worker
+    thread, after the request that found it stale has been answered: the kernel may
+    need locks that request holds."""
+    with contextlib.suppress(OSError):  # forgotten by the kernel meanwhile: nothing kept
+        await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, False)
+
+
 def errno_for(error: ShardfsError) -> int:
     """The errno a FUSE client sees for a core error; everything unexpected is EIO."""
     for cls, code in _ERRNO:
@@ -152,9 +163,22 @@ def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     return wrapper
 
 
+#: Whether this pyfuse3 hands read and readdir the inode when the kernel sends fh 0 (the
+#: patch in patches/, which scripts/setup builds): what kernel-served mounts need.
+INODE_AS_FH: bool = getattr(pyfuse3, "SHARDFS_INODE_AS_FH", False)
+#: Readers a kernel-served mount keeps, one per inode, the least recently used closed
+#: beyond this (each may hold a descriptor and a chunk's bytes); the kernel's page cache
+#: serves re-reads, so a reader mostly serves one pass over its file.
+INODE_READERS = 256
+#: Listings a kernel-served mount keeps while the kernel reads them, one per directory.
+INODE_LISTINGS = 64
+
+
 @dataclass(frozen=True)
 class MountConfig:
-    """How the adapter answers the kernel. `read_only` mounts let the kernel cache long."""
+    """How the adapter answers the kernel. `read_only` mounts let the kernel cache long;
+    `kernel_served` ones (read-only, with the patched pyfuse3) let the kernel serve
+    re-reads and listings without asking (see `Operations.open`)."""
 
     read_only: bool = True
     timeout: float = 300.0
@@ -162,10 +186,38 @@ class MountConfig:
     #: inodes held by entries (not chunks, which are numbered by position) before the
     #: kernel is asked to forget the oldest
     inodes: int = 100_000
+    kernel_served: bool = False
 
     @property
     def cache_timeout(self) -> float:
         return self.timeout if self.read_only else 1.0
+
+
+class _ByInode(Generic[V]):
+    """Per-inode state of a kernel-served mount (no open/opendir, so no file handles):
+    kept for the most recently used inodes, `close` called on what is dropped."""
+
+    def __init__(self, budget: int, close: Callable[[V], None] = lambda _: None) -> None:
+        self._items: OrderedDict[int, V] = OrderedDict()
+        self._budget = budget
+        self._close = close
+
+    def get(self, inode: int) -> V | None:
+        item = self._items.get(inode)
+        if item is not None:
+            self._items.move_to_end(inode)
+        return item
+
+    def put(self, inode: int, item: V) -> None:
+        self.drop(inode)
+        self._items[inode] = item
+        while len(self._items) > self._budget:
+            self._close(self._items.popitem(last=False)[1])
+
+    def drop(self, inode: int) -> None:
+        item = self._items.pop(inode, None)
+        if item is not None:
+            self._close(item)
 
 
 class Operations(pyfuse3.Operations):
@@ -194,6 +246,9 @@ class Operations(pyfuse3.Operations):
         self._files_of: dict[int, set[int]] = {}
         self._listings: dict[int, Listing] = {}
         self._windows: dict[int, _Window] = {}
+        # kernel-served mounts: by inode, since the kernel sends no file handles
+        self._readers: _ByInode[Reader] = _ByInode(INODE_READERS, lambda reader: reader.close())
+        self._dir_listings: _ByInode[Listing] = _ByInode(INODE_LISTINGS)
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
 
@@ -287,20 +342,42 @@ class Operations(pyfuse3.Operations):
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, count in inode_list:
             self.inodes.forget(ino, count)
+            self._readers.drop(ino)
+            self._drop_listing(ino)
 
     @_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        if self.config.kernel_served:
+            # The kernel then caches listings itself and sends readdir with the inode.
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         # The listing is taken once per opendir, so offsets stay stable while it is read.
         listing = await self._run(self.view.listing, self._node(inode))
         fh = next(self._next_fh)
         self._listings[fh] = listing
         return fh
 
+    async def _inode_listing(self, inode: int, start_id: int) -> Listing:
+        """The listing a kernel-served directory is read from: taken afresh when a read
+        starts at 0, so offsets stay stable while the kernel reads on."""
+        listing = self._dir_listings.get(inode) if start_id else None
+        if listing is None:
+            listing = await self._run(self.view.listing, self._node(inode))
+            self._drop_listing(inode)
+            self._dir_listings.put(inode, listing)
+        return listing
+
+    def _drop_listing(self, inode: int) -> None:
+        self._dir_listings.drop(inode)
+        self._windows.pop(inode, None)
+
     @_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         # readdirplus: every entry carries its attributes, so one listing fills the
         # kernel's entry and attribute caches (no lookup or getattr per file after it).
-        listing = self._listings[fh]
+        if self.config.kernel_served:
+            listing = await self._inode_listing(fh, start_id)
+        else:
+            listing = self._listings[fh]
         for position in range(start_id, len(listing.entries)):
             name, node, attr = listing.entries[position]
             ino = self.inodes.assign(node)
@@ -374,6 +451,11 @@ class Operations(pyfuse3.Operations):
 
     @_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if self.config.kernel_served:
+            # No open and release from now on: the kernel keeps file pages across opens
+            # and sends reads with the inode (see `_read_inode`). Writes are refused by
+            # the mount itself (`ro`).
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         if self.inodes.removed(inode):
             # Opened again through /proc/PID/fd: the same file, not the one at its old path.
             handle = self._open_file_of(inode)
@@ -391,7 +473,32 @@ class Operations(pyfuse3.Operations):
 
     @_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        if self.config.kernel_served:
+            return await self._read_inode(fh, off, size)
         return await self._run(self._handles[fh].read, off, size)
+
+    async def _read_inode(self, inode: int, off: int, size: int) -> bytes:
+        """A read of a kernel-served mount, by inode (there are no opens to pin a version
+        to). A file's reader is kept while the kernel reads it, so the reads of one pass
+        come from one version, as an open file's would: a change in the source shows at
+        the next pass from the file's start, which gets a reader of the new version
+        while the kernel is told to drop the pages it keeps of the old. A reader that
+        cannot serve its version (an S3 object replaced) fails, never mixes. Rendered
+        documents are made for each read; they cost a cache lookup."""
+        reader = self._readers.get(inode)
+        if reader is not None and off == 0 and await self._run(reader.outdated):
+            self._readers.drop(inode)
+            trio.lowlevel.spawn_system_task(_invalidate, inode)
+            reader = None
+        if reader is None:
+            reader = await self._run(self.view.open, self._node(inode))
+            if not reader.pinned:
+                try:
+                    return await self._run(reader.read, off, size)
+                finally:
+                    reader.close()
+            self._readers.put(inode, reader)
+        return await self._run(reader.read, off, size)
 
     @_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:

@@ -173,6 +173,16 @@ class Reader:
         if self._pin is not None:
             self._pin.close()
 
+    @property
+    def pinned(self) -> bool:
+        """Whether it serves a version of a stored object (not a rendered document)."""
+        return self._pin is not None
+
+    def outdated(self) -> bool:
+        """Whether its stored object is another version now, for readers that outlive an
+        open (see the FUSE adapter's kernel-served reads)."""
+        return self._pin is not None and self._pin.outdated()
+
     def attr(self) -> Attr:
         """The file as opened: what `fstat` shows of it once its path names another file."""
         return Attr(False, self.size, self._stat.mtime_ns)
@@ -318,9 +328,14 @@ class Namespace(Resolves):
         read_cache: int = 64 << 20,
         listing_cache: int = 64 << 20,
         document_cache: int = 16 << 20,
+        shard_mtimes: bool = False,
     ) -> None:
         self.storage = storage
         self.view = view
+        #: A directory of chunk files is as new as the newest shard behind it, not only
+        #: as its source directory: a kernel that caches listings keeps them while the
+        #: directory's mtime stays the same, and an append changes no directory's.
+        self.shard_mtimes = shard_mtimes
         self.tree = hierarchy or ZarrV3(storage)
         #: Serve unsharded arrays' chunks through the view too (a writable view routes
         #: writes by array), rather than passing them through.
@@ -812,6 +827,12 @@ class Namespace(Resolves):
         stat = self.storage.stat(self._shard_dir(array, prefix))
         return stat is not None and stat.is_dir
 
+    @staticmethod
+    def _holds_shards(node: Node) -> bool:
+        """Whether the source directory behind chunk directory `node` holds shards (its
+        chunk files), not directories."""
+        return node.role is Role.CHUNK_DIR and len(node.coords) == node.array.layout.ndim - 1
+
     def _key_parts(self, node: Node) -> list[str]:
         """The components of a chunk directory's path below its array."""
         rest = node.path[len(node.array.key) :].lstrip("/")
@@ -823,10 +844,15 @@ class Namespace(Resolves):
         if node.role in (Role.GROUP, Role.ARRAY) and not self.tree.passthrough:
             return Attr(True, 0, self._fresh(node.meta).metadata.mtime_ns)
         if node.is_dir or node.role is Role.FILE:
-            stat = self.storage.stat(self._backing_key(node))
+            key = self._backing_key(node)
+            stat = self.storage.stat(key)
             if stat is None or stat.is_dir != node.is_dir:
                 raise NotFound(node.path)
-            return Attr(node.is_dir, stat.size, stat.mtime_ns)
+            mtime_ns = stat.mtime_ns
+            if self.shard_mtimes and self._holds_shards(node):
+                entries = self._list_if_dir(key)
+                mtime_ns = max([mtime_ns, *(e.stat.mtime_ns for e in entries)])
+            return Attr(node.is_dir, stat.size, mtime_ns)
         meta = self._fresh(node.meta)
         if node.role is Role.METADATA:
             size, mtime_ns = self._document_size(meta, node.name)

@@ -473,6 +473,11 @@ class Document:
     def read(self, offset: int, size: int) -> bytes:
         return self._data[offset : offset + size]
 
+    pinned = False  #: it serves what the view made (see `Reader.pinned`)
+
+    def outdated(self) -> bool:
+        return False
+
     def close(self) -> None:
         """Nothing to let go."""
 
@@ -550,6 +555,13 @@ class Reader:
             self._pin.follow(now)
             self._stored = self.size = now.size  # a passthrough file: its new content
             return self._pin.read(self._base + offset, min(size, max(0, now.size - offset)))
+
+    pinned = True  #: it serves a version of a stored object
+
+    def outdated(self) -> bool:
+        """Whether its object changed since it was opened (for readers that outlive an
+        open: the FUSE adapter's kernel-served reads)."""
+        return self._pin.outdated()
 
     def close(self) -> None:
         self._pin.close()
