@@ -11,7 +11,12 @@ that floor with handlers that do nothing. This script compares, in one run:
   floor-noopen  the same with open and opendir answering ENOSYS (the kernel then
                 sends no open or release); only with a patched pyfuse3 (see
                 floor.py), skipped with a message otherwise
-  shardfs-ro    `shardfs mount SOURCE MNT -f -o ro`
+  shardfs-ro    `shardfs mount SOURCE MNT -f -o ro`: kernel-served where shardfs
+                and pyfuse3 can (since 9d361f1, with the patched pyfuse3: open and
+                opendir answer ENOSYS, as in floor-noopen)
+  shardfs-ro-open  `-o ro,kernel_cache=no`: read-only with open and release
+                requests (what `ro` was before 9d361f1); skipped, with a
+                message, where shardfs has no such option
   shardfs-rw    `shardfs mount SOURCE MNT -f` (read-write) of the same source
 
 The source is a uint8 array written by zarr-python 3: inner chunks 4 x 4 x 4
@@ -29,11 +34,12 @@ rotates from one repetition to the next. Shown are medians with their range;
 the same pass. Requests per file come from one more, untimed, run per kind,
 whose daemon counts (the floor with --counts; shardfs with `-o debug`, whose
 log has a line per request: release and releasedir are not logged, so they
-are counted as the opens and opendirs they close, and forget is not counted).
+are counted as the opens and opendirs they close, which is one too many where
+an open is answered ENOSYS, and forget is not counted).
 Needs root (drop_caches, FUSE).
 
     .venv/bin/python benchmarks/per_file.py [--files 20000] [--repeat 3] [--data DIR]
-        [--kinds floor,floor-noopen,shardfs-ro,shardfs-rw]
+        [--kinds floor,floor-noopen,shardfs-ro,shardfs-ro-open,shardfs-rw]
 
 Without --data, the data lives in a temporary directory that is removed at the
 end; with it, the data is kept and reused by the next run with the same options.
@@ -63,6 +69,8 @@ from floor import inode_fh_supported
 from read_throughput import drop_caches
 from scale import revision
 
+from shardfs.cli.options import parse_options
+from shardfs.errors import UsageError
 from shardfs.fuse.mounts import mount_type, unmount
 
 HERE = Path(__file__).resolve().parent
@@ -73,7 +81,13 @@ PER_DIR = 100  #: chunk files per chunk directory (the last axis)
 FILE_BYTES = CHUNK**3
 #: Bumped whenever the generated data changes, so an old data set is not reused.
 GENERATOR = 1
-KINDS = ("floor", "floor-noopen", "shardfs-ro", "shardfs-rw")
+KINDS = ("floor", "floor-noopen", "shardfs-ro", "shardfs-ro-open", "shardfs-rw")
+#: The mount options of each shardfs kind (`debug` is added for the counting run).
+SHARDFS_OPTIONS = {
+    "shardfs-ro": ["ro"],
+    "shardfs-ro-open": ["ro", "kernel_cache=no"],
+    "shardfs-rw": [],
+}
 PASSES = ("first", "second")
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 #: A request in shardfs's debug log: `... DEBUG lookup(1, b'data', ...)`.
@@ -231,7 +245,7 @@ class Daemons:
             fstype = "fuse.shardfs"
             command = [sys.executable, "-m", "shardfs", "mount", str(self.dataset.source)]
             command += [str(path), "-f"]
-            options = (["ro"] if kind == "shardfs-ro" else []) + (["debug"] if counting else [])
+            options = SHARDFS_OPTIONS[kind] + (["debug"] if counting else [])
             if options:
                 command += ["-o", ",".join(options)]
         with self.interrupts.deferred(), open(log, "wb") as out:  # never an untracked daemon
@@ -264,6 +278,15 @@ class Daemons:
                 daemon.process.wait(timeout=30)
             if mount_type(path) == daemon.fstype:
                 unmount(path, lazy=True)
+
+
+def kernel_cache_option() -> bool:
+    """Whether the shardfs measured takes `-o kernel_cache=no`."""
+    try:
+        parse_options(["kernel_cache=no"])
+    except UsageError:
+        return False
+    return True
 
 
 # -- the passes -----------------------------------------------------------------------
@@ -345,12 +368,17 @@ def ratio_cell(ratios: list[float]) -> str:
 
 
 def report(results: dict[str, Result], files: int, repeat: int) -> str:
-    floor = results.get("floor")
+    """The table: per kind and pass, CPU and files/s (medians, ranges), requests per file,
+    and the CPU over the floor's (both passes) and the no-open floor's (first pass: its
+    second costs nothing)."""
+    floors = [(name, p) for name in ("floor", "floor-noopen") if name in results for p in PASSES]
+    floors = [(name, p) for name, p in floors if name == "floor" or p == "first"]
     lines = [
         f"| mount (median of {repeat}, range) | first µs CPU/file | second µs CPU/file "
-        "| first files/s | second files/s | first requests/file | second requests/file "
-        "| first CPU / floor | second CPU / floor |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| first files/s | second files/s | first requests/file | second requests/file | "
+        + " | ".join(f"{p} CPU / {name}" for name, p in floors)
+        + " |",
+        "|---|" + "---:|" * (6 + len(floors)),
     ]
     for kind, result in results.items():
         cells = [cell(result.cpu[p], ".0f") for p in PASSES]
@@ -359,12 +387,12 @@ def report(results: dict[str, Result], files: int, repeat: int) -> str:
             f"{sum(result.requests[p].values()) / files:.2f}" if result.requests else ""
             for p in PASSES
         ]
-        for p in PASSES:
-            if floor is None:
-                cells.append("")
+        for name, p in floors:
+            pairs = list(zip(result.cpu[p], results[name].cpu[p], strict=True))
+            if all(f > 0 for _, f in pairs):
+                cells.append(ratio_cell([k / f for k, f in pairs]))
             else:
-                ratios = [k / f for k, f in zip(result.cpu[p], floor.cpu[p], strict=True)]
-                cells.append(ratio_cell(ratios))
+                cells.append("n/a")
         lines.append(f"| {kind} | {' | '.join(cells)} |")
     lines += ["", "| mount | pass | requests per file (counting run) |", "|---|---|---|"]
     for kind, result in results.items():
@@ -399,14 +427,21 @@ def main() -> int:
         parser.error("--repeat must be positive")
     if os.geteuid() != 0:
         parser.error("needs root: it drops the page cache and mounts")
-    skipped = ""
+    skipped = []
     if "floor-noopen" in kinds and not inode_fh_supported():
         kinds.remove("floor-noopen")
-        skipped = (
+        skipped.append(
             "floor-noopen skipped: this pyfuse3 does not pass the inode as fh when the "
             "kernel sends fh 0 (no pyfuse3.SHARDFS_INODE_AS_FH: scripts/setup builds it)"
         )
-        print(skipped, flush=True)
+    if "shardfs-ro-open" in kinds and not kernel_cache_option():
+        kinds.remove("shardfs-ro-open")
+        skipped.append(
+            "shardfs-ro-open skipped: this shardfs has no `-o kernel_cache=no` (before "
+            "9d361f1 its `ro` mounts always answer open and opendir: shardfs-ro is that)"
+        )
+    for line in skipped:
+        print(line, flush=True)
     interrupts = Interrupts()  # so `finally` unmounts on SIGTERM too
     data = args.data.resolve() if args.data else Path(tempfile.mkdtemp(prefix="shardfs-files-"))
     dataset = Dataset(data, args.files)
@@ -443,8 +478,8 @@ def main() -> int:
         f"pyfuse3 patched for inode fh: {'yes' if inode_fh_supported() else 'no'}; "
         f"{time.perf_counter() - started:.0f} s in all"
     )
-    if skipped:
-        print(skipped)
+    for line in skipped:
+        print(line)
     print()
     print(report(results, args.files, args.repeat))
     return 0
