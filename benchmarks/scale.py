@@ -16,7 +16,7 @@ of two layouts:
          `--rows` x 100 chunk directories `c/<i>/<j>` of 100 files each
          (1,000,000 chunks by default). Every chunk holds one value
          (1 + (i + 3j + k) % 251), so zstd packs its 256 KiB into 26 bytes:
-         the 262 GB array takes 64 shards of about 1.4 MiB, and the plain
+         the 262 GB array takes 64 shards of up to 1.3 MiB, and the plain
          copy holds the view's files, compressed as the mount shows them.
 
 The steps, on both sides:
