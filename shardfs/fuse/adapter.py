@@ -197,7 +197,7 @@ class _ByInode(Generic[V]):
     """Per-inode state of a kernel-served mount (no open/opendir, so no file handles):
     kept for the most recently used inodes, `close` called on what is dropped."""
 
-    def __init__(self, budget: int, close: Callable[[V], None] = lambda _: None) -> None:
+    def __init__(self, budget: int, close: Callable[[int, V], None]) -> None:
         self._items: OrderedDict[int, V] = OrderedDict()
         self._budget = budget
         self._close = close
@@ -212,12 +212,12 @@ class _ByInode(Generic[V]):
         self.drop(inode)
         self._items[inode] = item
         while len(self._items) > self._budget:
-            self._close(self._items.popitem(last=False)[1])
+            self._close(*self._items.popitem(last=False))
 
     def drop(self, inode: int) -> None:
         item = self._items.pop(inode, None)
         if item is not None:
-            self._close(item)
+            self._close(inode, item)
 
 
 class Operations(pyfuse3.Operations):
@@ -247,8 +247,11 @@ class Operations(pyfuse3.Operations):
         self._listings: dict[int, Listing] = {}
         self._windows: dict[int, _Window] = {}
         # kernel-served mounts: by inode, since the kernel sends no file handles
-        self._readers: _ByInode[Reader] = _ByInode(INODE_READERS, lambda reader: reader.close())
-        self._dir_listings: _ByInode[Listing] = _ByInode(INODE_LISTINGS)
+        self._readers: _ByInode[Reader] = _ByInode(INODE_READERS, lambda _, r: r.close())
+        # a listing's window of prepared rows goes with it
+        self._dir_listings: _ByInode[Listing] = _ByInode(
+            INODE_LISTINGS, lambda inode, _: self._windows.pop(inode, None)
+        )
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
 
@@ -368,7 +371,7 @@ class Operations(pyfuse3.Operations):
 
     def _drop_listing(self, inode: int) -> None:
         self._dir_listings.drop(inode)
-        self._windows.pop(inode, None)
+        self._windows.pop(inode, None)  # a window of a listing dropped before
 
     @_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
