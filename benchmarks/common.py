@@ -9,7 +9,7 @@ import os
 import platform
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -128,3 +128,13 @@ class MountManager:
             if self.current is not None:
                 stop_mount(self.current)
                 self.current = None
+
+
+def run(main: Callable[[], int]) -> None:
+    """Run a benchmark's `main` as a script: exit with its status, or with 130 when
+    interrupted (SIGINT, SIGTERM), once every mount it made is unmounted."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e}); every mount it made is unmounted", file=sys.stderr)
+        sys.exit(130)

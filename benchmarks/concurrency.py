@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 import tensorstore as ts
 import zarr
-from common import DataDir, Interrupts, MountManager, machine
+from common import DataDir, Interrupts, MountManager, machine, run
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -557,8 +557,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as e:
-        print(f"interrupted ({e}); every mount it made is unmounted", file=sys.stderr)
-        sys.exit(130)
+    run(main)

@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from common import DataDir, Interrupts, machine
+from common import DataDir, Interrupts, machine, run
 from floor import inode_fh_supported
 from read_throughput import drop_caches
 from scale import revision
@@ -486,10 +486,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as e:
-        print(
-            f"interrupted ({e}); the mount is unmounted and its daemon has exited", file=sys.stderr
-        )
-        sys.exit(130)
+    run(main)

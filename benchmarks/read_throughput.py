@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from common import DataDir, Interrupts, MountManager, machine
+from common import DataDir, Interrupts, MountManager, machine, run
 from zarr.codecs import ZstdCodec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -372,8 +372,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as e:
-        print(f"interrupted ({e}); every mount it made is unmounted", file=sys.stderr)
-        sys.exit(130)
+    run(main)

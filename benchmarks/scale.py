@@ -68,7 +68,7 @@ from pathlib import Path
 import numpy as np
 import tensorstore as ts
 import zarr
-from common import DataDir, Interrupts, machine
+from common import DataDir, Interrupts, machine, run
 from read_throughput import drop_caches
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,16 +139,9 @@ def write_source(source: Path, rows: int) -> None:  # the 2d layout
         array[start : start + len(y)].write(ramp).result()
 
 
-def check_source(source: Path, rows: int) -> None:  # the 2d layout
-    """zarr-python must read it as the array asked for, with the values written."""
-    array = zarr.open_array(source / ARRAY, mode="r")
-    expected = {
-        "shape": (rows * CHUNK, COLUMNS * CHUNK),
-        "chunks": (CHUNK, CHUNK),
-        "shards": (CHUNK * SHARD, CHUNK * SHARD),
-        "dtype": np.dtype("uint16"),
-        "compressors": ("zstd",),
-    }
+def check_layout(source: Path, array: zarr.Array, expected: dict[str, object]) -> None:
+    """The array is laid out as `expected` (shape, chunks, shards, dtype, compressors), as
+    zarr-python sees it: data written by an earlier run is checked before it is reused."""
     found = {
         "shape": array.shape,
         "chunks": array.chunks,
@@ -160,6 +153,19 @@ def check_source(source: Path, rows: int) -> None:  # the 2d layout
     }
     if found != expected:
         raise RuntimeError(f"{source}: zarr-python sees {found}, expected {expected}")
+
+
+def check_source(source: Path, rows: int) -> None:  # the 2d layout
+    """zarr-python must read it as the array asked for, with the values written."""
+    array = zarr.open_array(source / ARRAY, mode="r")
+    expected = {
+        "shape": (rows * CHUNK, COLUMNS * CHUNK),
+        "chunks": (CHUNK, CHUNK),
+        "shards": (CHUNK * SHARD, CHUNK * SHARD),
+        "dtype": np.dtype("uint16"),
+        "compressors": ("zstd",),
+    }
+    check_layout(source, array, expected)
     y = np.arange(array.shape[0] - 3, array.shape[0], dtype=np.uint32)
     x = np.arange(array.shape[1] - 300, array.shape[1], dtype=np.uint32)
     ramp = (1 + (y[:, None] * 7 + x[None, :]) % 4093).astype(np.uint16)
@@ -240,17 +246,7 @@ def check_dandi(source: Path, rows: int) -> None:
         "dtype": np.dtype("uint8"),
         "compressors": ("zstd",),
     }
-    found = {
-        "shape": array.shape,
-        "chunks": array.chunks,
-        "shards": array.shards,
-        "dtype": array.dtype,
-        "compressors": tuple(
-            type(c).__name__.removesuffix("Codec").lower() for c in array.compressors
-        ),
-    }
-    if found != expected:
-        raise RuntimeError(f"{source}: zarr-python sees {found}, expected {expected}")
+    check_layout(source, array, expected)
     c = DANDI_CHUNK
     for i, j, k in ((0, 0, 0), (rows // 2, 37, 70), (rows - 1, DANDI_SIDE - 1, DANDI_SIDE - 1)):
         chunk = array[i * c : (i + 1) * c, j * c : (j + 1) * c, k * c : (k + 1) * c]
@@ -801,10 +797,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as e:
-        print(
-            f"interrupted ({e}); the mount is unmounted and its daemon has exited", file=sys.stderr
-        )
-        sys.exit(130)
+    run(main)

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from common import Interrupts, machine
+from common import Interrupts, machine, run
 from zarr.codecs import ZstdCodec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -453,8 +453,8 @@ class Bench:
             ("c", lambda: self.case_plain("c", sharded=True)),
         ]
         order = cases[rep % 3 :] + cases[: rep % 3]
-        for key, run in order:
-            print(f"  rep {rep + 1}/{reps} {key}: {run()}", flush=True)
+        for key, case in order:
+            print(f"  rep {rep + 1}/{reps} {key}: {case()}", flush=True)
 
 
 # -- report ---------------------------------------------------------------------------
@@ -661,8 +661,4 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--writer"]:
         sys.exit(writer_main(*sys.argv[2:]))
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as e:
-        print(f"interrupted ({e}); every mount it made is unmounted", file=sys.stderr)
-        sys.exit(130)
+    run(main)
