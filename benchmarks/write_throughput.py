@@ -26,15 +26,50 @@ writes that built it (the first whole write plus one per append: each append
 ends in a new, checksummed index, and the previous index ends where the
 append's first chunk begins). Needs root (FUSE).
 
+With --small-chunks, many small chunk files instead (issue 21): there a mount's cost
+per file (the requests of every create, write and rename) counts rather than its
+bandwidth, and zarr-python 2.18 (which writes its chunks one at a time) is written
+through the v2 view. The array is 512 x 512 x 256 uint16 (128 MiB; a ramp along every
+axis plus small skewed noise, the same in every run) in 2048 chunks of 32^3, written
+four ways, each in a writer process as above:
+
+  (1) zarr-python 2.18 (tests/zarr2.py's .venv-zarr2; its default compressor, Blosc
+      lz4) through a read-write mount `-o rw,view=v2,shard_new=8` of a source that
+      holds only a root group: the array is made through the view and stored sharded
+      (256^3 shards of 8^3 chunks); timed up to the end of the unmount, as (a),
+  (2) zarr-python 2.18 into a plain local directory (v2), without and with os.sync(),
+  (3) zarr-python 3 through a read-write mount (v3 view) of a source holding the array
+      made by zarr-python 3 as sharded (32^3 inner chunks, 256^3 shards, zstd level 0),
+      written as the view shows it (unsharded, 32^3 chunks); timed as (1),
+  (4) zarr-python 3 into a plain local directory, unsharded (32^3 chunks, zstd level
+      0), without and with os.sync().
+
+zarr-python 2.18 makes its array itself (with its defaults) before it is timed; the
+zarr-python 3 writers find theirs made. Each repetition runs the four in an order
+rotated per repetition. The ratios plain time / mount time, (2)/(1) and (4)/(3), are
+checked against the issue's targets (0.3 and 0.8) with the plain side synced, the
+like-for-like comparison (both committed); without the sync they are shown too. After
+every write the whole array is read back with zarr-python 3 (for (1) and (3) from the
+source, after the unmount) and compared, and its layout checked. The daemon's CPU is
+read from /proc just before the unmount and, for its whole life, after its exit. One
+more, untimed, run of (1) and (3) with `-o debug` counts the FUSE requests per chunk
+by handler (the debug log has a line per request; release and releasedir are not
+logged, so they are counted as the creates, opens and opendirs they close, and forget
+is not counted).
+
     .venv/bin/python benchmarks/write_throughput.py [--size-mib 512] [--reps 3]
         [--mount-options write_buffer=1G,flush_interval=30] [--workdir DIR] [--keep]
         [--profile daemon.svg]
+    .venv/bin/python benchmarks/write_throughput.py --small-chunks [--reps 3]
+        [--mount-options ...] [--workdir DIR] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -45,12 +80,15 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import zarr
 from common import Interrupts, machine, run
+from per_file import LOGGED_REQUEST
+from per_file import cpu as process_cpu
 from zarr.codecs import ZstdCodec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +97,7 @@ from shardfs.errors import CorruptData  # noqa: E402
 from shardfs.formats.shard_index import EMPTY, IndexCodec, check_entries  # noqa: E402
 from shardfs.fuse.mounts import mount_type, unmount  # noqa: E402
 from tests.conftest import Mounted, start_mount  # noqa: E402
+from tests.zarr2 import ensure_zarr2  # noqa: E402
 
 CHUNK = 64
 SHARD = 256
@@ -75,6 +114,20 @@ TARGET = 0.7  #: a/b, the mount (unmount included) against a plain directory (no
 CHECKED_CHUNKS = 8
 #: The daemon's summary at unmount, when it writes one (newer versions do).
 COMMIT_SUMMARY = re.compile(r"this mount: (\d+) shard appends, (\d+) whole writes")
+#: Metadata documents, not counted as stored data.
+METADATA = frozenset(("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"))
+
+#: --small-chunks (issue 21): 512 x 512 x 256 uint16 = 128 MiB in 2048 chunk files of 32^3.
+SMALL_SHAPE = (512, 512, 256)
+SMALL_CHUNK = 32
+#: What each mount of --small-chunks adds to --mount-options: (1) the v2 view, new arrays
+#: sharded with 8 chunks per shard per axis (so 256^3 shards, as (3)'s); (3) the v3 view.
+SMALL_MOUNT_OPTIONS = {
+    "v2-mount": ["rw", "view=v2", f"shard_new={SHARD // SMALL_CHUNK}"],
+    "v3-mount": ["rw"],
+}
+#: The source of (1): a root group and nothing else.
+ROOT_GROUP = '{"zarr_format":3,"node_type":"group","attributes":{}}'
 
 
 # -- the data -----------------------------------------------------------------------
@@ -99,43 +152,69 @@ def generate(shape: tuple[int, int, int], seed: int = 1) -> np.ndarray:
     return out
 
 
-def create_array(path: Path, shape: tuple[int, ...], sharded: bool) -> None:
+def generate_small(shape: tuple[int, int, int], seed: int = 1) -> np.ndarray:
+    """--small-chunks: uint16, a ramp along every axis (1000 up to about 4300) plus the
+    same small skewed noise; zstd gets a chunk to about a third, Blosc lz4 to 0.45."""
+    out = np.empty(shape, dtype=np.uint16)
+    ramp = 2 * np.arange(shape[1])[:, None] + np.arange(shape[2])[None, :]
+    rng = np.random.default_rng(seed)
+    for x0 in range(0, shape[0], SMALL_CHUNK):
+        x = np.arange(x0, min(x0 + SMALL_CHUNK, shape[0]))
+        slab = 1000 + 4 * x[:, None, None] + ramp[None]
+        out[x0 : x0 + len(x)] = slab + NOISE[rng.integers(0, 256, size=slab.shape, dtype=np.uint8)]
+    return out
+
+
+def create_array(
+    path: Path,
+    shape: tuple[int, ...],
+    sharded: bool,
+    chunk: int = CHUNK,
+    dtype: np.dtype | str = "uint8",
+) -> None:
     """The array's metadata only (no chunk written), under group `path` as ARRAY."""
     group = zarr.open_group(path, mode="w")
     group.create_array(
         ARRAY,
         shape=shape,
-        dtype="uint8",
-        chunks=(CHUNK,) * 3,
+        dtype=dtype,
+        chunks=(chunk,) * 3,
         shards=(SHARD,) * 3 if sharded else None,
         compressors=COMPRESSOR,
         fill_value=0,
     )
 
 
-def zarr_write(path: Path, data: np.ndarray, sharded: bool) -> None:
-    """What is timed: open the existing array and write all of it."""
-    array = zarr.open_array(path, mode="r+")
-    if (array.shards is not None) != sharded or array.chunks != (CHUNK,) * 3:
-        raise RuntimeError(f"{path}: unexpected layout shards={array.shards} chunks={array.chunks}")
-    array[...] = data
-
-
-def check_chunks(path: Path, data: np.ndarray, rng: np.random.Generator) -> None:
+def check_chunks(array: zarr.Array, data: np.ndarray, rng: np.random.Generator) -> None:
     """Read the first, the last and a few random inner chunks back and compare."""
-    array = zarr.open_array(path, mode="r")
     grid = [math.ceil(n / CHUNK) for n in data.shape]
     picks = [(0,) * 3, tuple(g - 1 for g in grid)]
     picks += [tuple(int(rng.integers(g)) for g in grid) for _ in range(CHECKED_CHUNKS)]
     for pick in picks:
         region = tuple(slice(c * CHUNK, (c + 1) * CHUNK) for c in pick)
         if not np.array_equal(array[region], data[region]):
-            raise RuntimeError(f"{path}: chunk {pick} differs from what was written")
+            raise RuntimeError(f"{array.store_path}: chunk {pick} differs from what was written")
+
+
+def check_layout(path: Path, chunk: int, sharded: bool) -> zarr.Array:
+    """The array at `path`, opened for reading, if it has the inner chunks and sharding
+    (SHARD^3 shards) it should have."""
+    array = zarr.open_array(path, mode="r")
+    layout = (array.chunks, array.shards)
+    if layout != ((chunk,) * 3, (SHARD,) * 3 if sharded else None):
+        raise RuntimeError(f"{path}: unexpected layout (chunks, shards) {layout}")
+    return array
+
+
+def check_whole(array: zarr.Array, data: np.ndarray) -> None:
+    """Read all of the array back and compare."""
+    if not np.array_equal(array[...], data):
+        raise RuntimeError(f"{array.store_path}: differs from what was written")
 
 
 def stored_files(top: Path) -> list[Path]:
     """The chunk or shard files of the array at `top` (no metadata)."""
-    return [p for p in sorted(top.rglob("*")) if p.is_file() and p.name != "zarr.json"]
+    return [p for p in sorted(top.rglob("*")) if p.is_file() and p.name not in METADATA]
 
 
 # -- what the commits left in the shards ----------------------------------------------
@@ -248,10 +327,11 @@ class Mounts:
         self.interrupts = interrupts
         self.current: Mounted | None = None
 
-    def start(self, source: Path) -> Mounted:
+    def start(self, source: Path, *extra: str) -> Mounted:
+        """A daemon for `source`, with `extra` options after the run's."""
         self.stop()
         with self.interrupts.deferred():  # a daemon must never start without being recorded
-            self.current = start_mount(source, self.mountpoint, self.log, *self.options)
+            self.current = start_mount(source, self.mountpoint, self.log, *self.options, *extra)
         return self.current
 
     def stop(self) -> None:
@@ -285,31 +365,52 @@ class Mounts:
 # -- the cases ------------------------------------------------------------------------
 
 
-def cpu_self() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def cpu_children() -> float:
     """CPU of this process's reaped children (e.g. the daemon, once it has exited)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
-def writer_main(target: str, data_file: str, sharded: str, sync: str) -> int:
-    """The writer process (`--writer`): load the data, say "ready", and on "go" open the
-    array and write it all; report the time and CPU of that (and of a following
-    os.sync() if asked) as one JSON line."""
-    data = np.load(data_file)
+def writer_main(spec_text: str) -> int:
+    """The writer process: load the data, make the array if asked (untimed), say "ready",
+    and on "go" open the array, check its layout and write all of it; report the time and
+    CPU of that (and of a following os.sync() if asked) as one JSON line.
+
+    It runs as `python -c` from its own source (see `timed_write`), under zarr-python 3
+    or 2.18, which cannot import this module: it imports what it needs itself.
+    """
+    import json
+    import os
+    import resource
+    import sys
+    import time
+
+    import numpy as np
+    import zarr
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    spec = json.loads(spec_text)
+    data = np.load(spec["data"])
+    if spec["create"]:  # with this zarr-python's defaults (zarr-python 2: its compressor)
+        zarr.open_array(
+            spec["target"], mode="w", shape=data.shape, chunks=spec["chunks"], dtype=data.dtype
+        )
     print("ready", flush=True)
     if sys.stdin.readline() != "go\n":
         return 1
-    cpu0 = cpu_self()
+    cpu0 = cpu()
     started = time.perf_counter()
-    zarr_write(Path(target), data, sharded=sharded == "sharded")
+    array = zarr.open_array(spec["target"], mode="r+")
+    layout = [list(array.chunks), getattr(array, "shards", None) is not None]
+    if layout != [spec["chunks"], spec["sharded"]]:
+        raise RuntimeError(f"{spec['target']}: unexpected layout (chunks, sharded) {layout}")
+    array[...] = data
     written = time.perf_counter()
-    cpu1 = cpu_self()
-    if sync == "sync":
+    cpu1 = cpu()
+    if spec["sync"]:
         os.sync()
     synced = time.perf_counter()
     result = {"write": written - started, "sync": synced - written, "cpu": cpu1 - cpu0}
@@ -317,18 +418,41 @@ def writer_main(target: str, data_file: str, sharded: str, sync: str) -> int:
     return 0
 
 
-def timed_write(target: Path, data_file: Path, sharded: bool, sync: bool) -> dict[str, float]:
-    """Write the array in a writer process of its own.
+@dataclass(frozen=True)
+class Writer:
+    """A zarr-python that writes: its interpreter, and whether it makes the array itself
+    (zarr-python 2.18, with its defaults) or finds it made."""
+
+    python: str = sys.executable
+    creates: bool = False
+
+
+ZARR3 = Writer()
+
+
+def timed_write(
+    target: Path,
+    data_file: Path,
+    sharded: bool,
+    sync: bool,
+    chunk: int = CHUNK,
+    writer: Writer = ZARR3,
+) -> dict[str, float]:
+    """Write the array in a writer process of its own (`writer_main`).
 
     A process, not a call: if the benchmark is interrupted, killing the writer
     (by its PID) closes every file it has open in the mount, so the unmount
     that follows is not refused as busy, and no write outlives it. The writer
     runs in its own session, so a Ctrl-C reaches only this process, which kills it.
     """
-    command = [sys.executable, str(Path(__file__).resolve()), "--writer", str(target)]
-    command += [str(data_file), "sharded" if sharded else "plain", "sync" if sync else "-"]
+    spec = {"target": str(target), "data": str(data_file), "chunks": [chunk] * 3}
+    spec |= {"sharded": sharded, "sync": sync, "create": writer.creates}
+    program = f"import sys\n{inspect.getsource(writer_main)}\nsys.exit(writer_main(sys.argv[1]))"
     process = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        [writer.python, "-c", program, json.dumps(spec)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
     )
     assert process.stdin is not None and process.stdout is not None
     try:
@@ -348,18 +472,49 @@ def timed_write(target: Path, data_file: Path, sharded: bool, sync: bool) -> dic
 
 
 @dataclass
+class MountWrite:
+    """One write through a mount, up to the daemon's exit."""
+
+    write: float  #: the writer's write call (s)
+    unmount: float  #: from `fusermount3 -u` to the daemon's exit (s)
+    writer_cpu: float
+    daemon_cpu: float  #: its whole life (and fusermount3's)
+    daemon_cpu_writing: float  #: up to the unmount
+    log: str  #: what the daemon logged
+
+    def describe(self, histories: list[ShardHistory]) -> str:
+        writes = [h.writes for h in histories if h.writes is not None]
+        described = f"{len(histories)} shards"
+        if writes:
+            described += f", writes per shard {spread(writes)}"
+        return (
+            f"write {self.write:.3f} s + unmount {self.unmount:.3f} s; "
+            f"CPU: writer {self.writer_cpu:.1f} s, daemon {self.daemon_cpu:.1f} s; {described}"
+        )
+
+
+@dataclass
 class Bench:
     work: Path
     data: np.ndarray
     data_file: Path  #: the data as .npy, for the writer processes
     mounts: Mounts
+    chunk: int = CHUNK
+    #: Compare all of the array after every write (else a few chunks).
+    whole: bool = False
     seed: int = 0
     #: Per measure, one value per repetition (seconds unless noted).
     times: dict[str, list[float]] = field(default_factory=dict)
-    shards: list[list[ShardHistory]] = field(default_factory=list)
+    #: Per case written through a mount, the shard files it left, per repetition.
+    shards: dict[str, list[list[ShardHistory]]] = field(default_factory=dict)
     #: (appends, whole writes) from the daemon's log, None where it logs no such summary.
     logged: list[tuple[int, int] | None] = field(default_factory=list)
     stored: dict[str, list[int]] = field(default_factory=dict)
+    #: Per case, the compressors zarr-python 3 reads in its array's metadata.
+    compressors: dict[str, str] = field(default_factory=dict)
+    #: Per case written through a mount, the requests of its run with `-o debug`.
+    requests: dict[str, collections.Counter[str]] = field(default_factory=dict)
+    profiled: str | None = None
 
     def record(self, name: str, value: float) -> None:
         self.times.setdefault(name, []).append(value)
@@ -374,20 +529,26 @@ class Bench:
         os.sync()
         return path
 
-    def check(self, name: str, array_dir: Path) -> None:
-        rng = np.random.default_rng(self.seed)
-        self.seed += 1
-        check_chunks(array_dir, self.data, rng)
+    def check(self, name: str, array_dir: Path, sharded: bool) -> None:
+        array = check_layout(array_dir, self.chunk, sharded)
+        self.compressors[name] = ", ".join(map(str, array.compressors))
+        if self.whole:
+            check_whole(array, self.data)
+        else:
+            rng = np.random.default_rng(self.seed)
+            self.seed += 1
+            check_chunks(array, self.data, rng)
         self.stored.setdefault(name, []).append(
             sum(p.stat().st_size for p in stored_files(array_dir))
         )
 
-    def case_a(self, profile: Path | None = None) -> str:
-        source = self.fresh("a-source.zarr")
-        create_array(source, self.data.shape, sharded=True)
-        os.sync()
+    def mount_write(
+        self, source: Path, writer: Writer, options: list[str], profile: Path | None = None
+    ) -> MountWrite:
+        """Mount `source` read-write, write the array through it as ARRAY, unmount, and
+        make sure the daemon committed everything."""
         log_start = self.mounts.log.stat().st_size if self.mounts.log.exists() else 0
-        mounted = self.mounts.start(source)
+        mounted = self.mounts.start(source, *options)
         spy = None
         if profile is not None:
             fmt = "flamegraph" if profile.suffix == ".svg" else "raw"
@@ -397,8 +558,14 @@ class Bench:
             time.sleep(1)  # py-spy attaches
         try:
             result = timed_write(
-                self.mounts.mountpoint / ARRAY, self.data_file, sharded=False, sync=False
+                self.mounts.mountpoint / ARRAY,
+                self.data_file,
+                sharded=False,
+                sync=False,
+                chunk=self.chunk,
+                writer=writer,
             )
+            daemon_writing = process_cpu(mounted.process.pid)
             daemon0 = cpu_children()  # the writer is reaped; the daemon not yet
             unmounting = time.perf_counter()
         finally:
@@ -409,52 +576,91 @@ class Bench:
             _, err = spy.communicate(timeout=120)
             if spy.returncode != 0:
                 print(f"  py-spy failed: {err.decode(errors='replace').strip()}", flush=True)
-            return f"profile of the daemon written to {profile}"
         with open(self.mounts.log, errors="replace") as f:
             f.seek(log_start)
             log = f.read()
         if " ERROR " in log or "all buffered chunks committed" not in log:
             raise RuntimeError(f"the daemon did not commit everything:\n{log}")
-        self.check("a", source / ARRAY)
-        write, unmount_s = result["write"], unmounted - unmounting
-        self.record("a", write + unmount_s)
-        self.record("a-write", write)
-        self.record("a-unmount", unmount_s)
-        self.record("a-client-cpu", result["cpu"])
-        self.record("a-daemon-cpu", daemon_cpu)
-        histories = shard_histories(source / ARRAY)
-        self.shards.append(histories)
-        summary = COMMIT_SUMMARY.findall(log)
-        self.logged.append((int(summary[-1][0]), int(summary[-1][1])) if summary else None)
-        writes = [h.writes for h in histories if h.writes is not None]
-        described = f"{len(histories)} shards"
-        if writes:
-            described += f", writes per shard {spread(writes)}"
-        return (
-            f"write {write:.3f} s + unmount {unmount_s:.3f} s; "
-            f"CPU: writer {result['cpu']:.1f} s, daemon {daemon_cpu:.1f} s; {described}"
+        return MountWrite(
+            result["write"], unmounted - unmounting, result["cpu"], daemon_cpu, daemon_writing, log
         )
 
-    def case_plain(self, key: str, sharded: bool) -> str:
-        path = self.fresh(f"{key}.zarr")
-        create_array(path, self.data.shape, sharded=sharded)
+    def record_mount(self, key: str, done: MountWrite, array_dir: Path) -> list[ShardHistory]:
+        self.record(key, done.write + done.unmount)
+        self.record(f"{key}-write", done.write)
+        self.record(f"{key}-unmount", done.unmount)
+        self.record(f"{key}-client-cpu", done.writer_cpu)
+        self.record(f"{key}-daemon-cpu", done.daemon_cpu)
+        self.record(f"{key}-daemon-cpu-writing", done.daemon_cpu_writing)
+        histories = shard_histories(array_dir)
+        self.shards.setdefault(key, []).append(histories)
+        return histories
+
+    def case_a(self, profile: Path | None = None) -> str:
+        source = self.fresh("a-source.zarr")
+        create_array(source, self.data.shape, sharded=True)
         os.sync()
-        result = timed_write(path / ARRAY, self.data_file, sharded=sharded, sync=True)
-        self.check(key, path / ARRAY)
+        done = self.mount_write(source, ZARR3, [], profile)
+        if profile is not None:
+            return f"profile of the daemon written to {profile}"
+        self.check("a", source / ARRAY, sharded=True)
+        histories = self.record_mount("a", done, source / ARRAY)
+        summary = COMMIT_SUMMARY.findall(done.log)
+        self.logged.append((int(summary[-1][0]), int(summary[-1][1])) if summary else None)
+        return done.describe(histories)
+
+    def case_plain(self, key: str, sharded: bool, writer: Writer = ZARR3) -> str:
+        path = self.fresh(f"{key}.zarr")
+        if not writer.creates:
+            create_array(path, self.data.shape, sharded, self.chunk, self.data.dtype)
+        os.sync()
+        result = timed_write(path / ARRAY, self.data_file, sharded, True, self.chunk, writer)
+        self.check(key, path / ARRAY, sharded)
         self.record(key, result["write"])
         self.record(f"{key}-sync", result["write"] + result["sync"])
         self.record(f"{key}-client-cpu", result["cpu"])
         return f"write {result['write']:.3f} s, + os.sync() {result['sync']:.3f} s"
 
-    def repetition(self, rep: int, reps: int) -> None:
-        cases = [
+    def case_small_mount(self, key: str, writer: Writer, counting: bool = False) -> str:
+        """(1) or (3) of --small-chunks; `counting`: untimed, with `-o debug`, counting
+        the requests."""
+        source = self.fresh(f"{key}-source.zarr")
+        if writer.creates:  # (1): made through the v2 view, in a source with a root group
+            source.mkdir(parents=True)
+            (source / "zarr.json").write_text(ROOT_GROUP)
+        else:
+            create_array(source, self.data.shape, True, self.chunk, self.data.dtype)
+        os.sync()
+        options = SMALL_MOUNT_OPTIONS[key] + (["debug"] if counting else [])
+        done = self.mount_write(source, writer, options)
+        self.check(f"{key}-counting" if counting else key, source / ARRAY, sharded=True)
+        if counting:
+            self.requests[key] = collections.Counter(
+                m.group(1).decode() for m in LOGGED_REQUEST.finditer(done.log.encode())
+            )
+            return f"{self.requests[key].total()} requests logged"
+        return done.describe(self.record_mount(key, done, source / ARRAY))
+
+    def repetition(self, rep: int, reps: int, cases: list[tuple[str, Callable[[], str]]]) -> None:
+        """The cases, in an order rotated per repetition."""
+        order = cases[rep % len(cases) :] + cases[: rep % len(cases)]
+        for key, case in order:
+            print(f"  rep {rep + 1}/{reps} {key}: {case()}", flush=True)
+
+    def default_cases(self) -> list[tuple[str, Callable[[], str]]]:
+        return [
             ("a", self.case_a),
             ("b", lambda: self.case_plain("b", sharded=False)),
             ("c", lambda: self.case_plain("c", sharded=True)),
         ]
-        order = cases[rep % 3 :] + cases[: rep % 3]
-        for key, case in order:
-            print(f"  rep {rep + 1}/{reps} {key}: {case()}", flush=True)
+
+    def small_cases(self, zarr2: Writer) -> list[tuple[str, Callable[[], str]]]:
+        return [
+            ("1 v2-mount", lambda: self.case_small_mount("v2-mount", zarr2)),
+            ("2 v2-plain", lambda: self.case_plain("v2-plain", sharded=False, writer=zarr2)),
+            ("3 v3-mount", lambda: self.case_small_mount("v3-mount", ZARR3)),
+            ("4 v3-plain", lambda: self.case_plain("v3-plain", sharded=False)),
+        ]
 
 
 # -- report ---------------------------------------------------------------------------
@@ -469,16 +675,68 @@ CASES = [
     ("c-sync", "native sharded local dir, + os.sync()"),
 ]
 
-RATIOS = [
-    ("a", "b", "**a/b** (headline: mount incl. unmount / plain, no sync)", TARGET),
+#: (mount time, plain time, label, target): a target is (its name, the least ratio), or
+#: (None, the ratio) for a comparison with a target that is checked on another ratio.
+Ratio = tuple[str, str, str, tuple[str | None, float] | None]
+
+RATIOS: list[Ratio] = [
+    ("a", "b", "**a/b** (headline: mount incl. unmount / plain, no sync)", ("a/b", TARGET)),
     ("a", "b-sync", "a/b_sync (mount incl. unmount / plain + os.sync())", None),
     ("a-write", "b", "a_write/b (write call alone / plain, no sync)", None),
     ("a", "c", "a/c (mount incl. unmount / native sharded, no sync)", None),
     ("a", "c-sync", "a/c_sync (mount incl. unmount / native sharded + os.sync())", None),
 ]
 
+SMALL_CASES = [
+    ("v2-mount", "1 zarr-python 2.18, rw mount, v2 view, shard_new=8: write + unmount"),
+    ("v2-mount-write", "1 the write call alone"),
+    ("v2-mount-unmount", "1 the unmount (commits what is still buffered)"),
+    ("v2-plain", "2 zarr-python 2.18, plain local dir (no sync)"),
+    ("v2-plain-sync", "2 zarr-python 2.18, plain local dir + os.sync()"),
+    ("v3-mount", "3 zarr-python 3, rw mount, v3 view of the sharded array: write + unmount"),
+    ("v3-mount-write", "3 the write call alone"),
+    ("v3-mount-unmount", "3 the unmount (commits what is still buffered)"),
+    ("v3-plain", "4 zarr-python 3, plain local dir, unsharded (no sync)"),
+    ("v3-plain-sync", "4 zarr-python 3, plain local dir, unsharded + os.sync()"),
+]
 
-def report(bench: Bench, reps: int, nbytes: int) -> tuple[str, bool]:
+SMALL_RATIOS: list[Ratio] = [
+    (
+        "v2-mount",
+        "v2-plain-sync",
+        "**2_sync/1** zarr-python 2.18: plain + os.sync() / v2 view mount (both committed)",
+        ("2_sync/1", 0.3),
+    ),
+    ("v2-mount", "v2-plain", "2/1 zarr-python 2.18: plain, no sync / v2 view mount", (None, 0.3)),
+    (
+        "v3-mount",
+        "v3-plain-sync",
+        "**4_sync/3** zarr-python 3: plain + os.sync() / v3 view mount (both committed)",
+        ("4_sync/3", 0.8),
+    ),
+    ("v3-mount", "v3-plain", "4/3 zarr-python 3: plain, no sync / v3 view mount", (None, 0.8)),
+]
+
+
+def ratio_rows(t: dict[str, list[float]], ratios: list[Ratio]) -> list[str]:
+    lines = ["| ratio (throughput, median of per-repetition ratios) | value (range) |"]
+    lines.append("|---|---:|")
+    for num, den, label, target in ratios:
+        # Throughput ratio = inverse time ratio; the two ran close together in one repetition.
+        values = sorted(d / n for n, d in zip(t[num], t[den], strict=True))
+        median = statistics.median(values)
+        cell = f"{median:.2f} ({values[0]:.2f}-{values[-1]:.2f})"
+        if target is not None:
+            name, least = target
+            if name is None:
+                cell += f", {'above' if median >= least else 'below'} {least} (for reference)"
+            else:
+                cell += f", target {name} >= {least}: {'met' if median >= least else 'NOT met'}"
+        lines.append(f"| {label} | {cell} |")
+    return lines
+
+
+def report(bench: Bench, reps: int, nbytes: int) -> str:
     mib = nbytes / (1 << 20)
     t = bench.times
     lines = [
@@ -492,18 +750,52 @@ def report(bench: Bench, reps: int, nbytes: int) -> tuple[str, bool]:
         lines.append(
             f"| {key} {label} | {spread(rates)} | {statistics.median(t[key]):.3f} | {cpu_cell} |"
         )
-    lines += ["", "| ratio (throughput, median of per-repetition ratios) | value (range) |"]
-    lines.append("|---|---:|")
-    met = False
-    for num, den, label, target in RATIOS:
-        # Throughput ratio = inverse time ratio; the two ran close together in one repetition.
-        ratios = sorted(d / n for n, d in zip(t[num], t[den], strict=True))
-        cell = f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
-        if target is not None:
-            met = statistics.median(ratios) >= target
-            cell += f", target a/b >= {target}: {'met' if met else 'NOT met'}"
-        lines.append(f"| {label} | {cell} |")
-    return "\n".join(lines), met
+    return "\n".join([*lines, "", *ratio_rows(t, RATIOS)])
+
+
+def small_report(bench: Bench, reps: int) -> str:
+    mib = bench.data.nbytes / (1 << 20)
+    t = bench.times
+    lines = [
+        f"| case (median (min-max) of {reps}; {mib:.0f} MiB uncompressed) | s | MiB/s "
+        "| writer CPU s | daemon CPU s: up to the unmount, in all | stored MiB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, label in SMALL_CASES:
+        rate = "" if key.endswith("-unmount") else f"{mib / statistics.median(t[key]):.0f}"
+        cells = [spread(t[key], "{:.3f}"), rate]
+        if key in bench.stored:
+            cells.append(f"{statistics.median(t[f'{key}-client-cpu']):.1f}")
+            daemon = t.get(f"{key}-daemon-cpu")
+            writing = t.get(f"{key}-daemon-cpu-writing")
+            cells.append(
+                f"{statistics.median(writing):.1f}, {statistics.median(daemon):.1f}"
+                if daemon and writing
+                else ""
+            )
+            cells.append(f"{statistics.median(bench.stored[key]) / (1 << 20):.1f}")
+        else:
+            cells += ["", "", ""]
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    return "\n".join([*lines, "", *ratio_rows(t, SMALL_RATIOS)])
+
+
+def requests_report(bench: Bench) -> list[str]:
+    """Requests per chunk of the counting runs, by handler, most first."""
+    chunks = math.prod(math.ceil(n / bench.chunk) for n in bench.data.shape)
+    lines = []
+    for key, logged in bench.requests.items():
+        counts = logged.copy()
+        # Not logged (no wrapper in the adapter): one release per create or open.
+        counts["release"] = counts["create"] + counts["open"]
+        counts["releasedir"] = counts["opendir"]
+        per_chunk = ", ".join(
+            f"{name} {n / chunks:.2f}" if n >= chunks / 200 else f"{name} {n} in all"
+            for name, n in counts.most_common()
+            if n
+        )
+        lines.append(f"  {key}: {counts.total() / chunks:.2f} in all: {per_chunk}")
+    return lines
 
 
 def shard_report(bench: Bench, reps: int) -> str:
@@ -515,7 +807,7 @@ def shard_report(bench: Bench, reps: int) -> str:
         "| dead total | stored total |",
         "|---|---:|---|---|---|---|---:|---:|",
     ]
-    for rep, histories in enumerate(bench.shards):
+    for rep, histories in enumerate(bench.shards["a"]):
         writes = [h.writes for h in histories if h.writes is not None]
         unparsed = len(histories) - len(writes)
         ratio = [h.size / (h.live + h.index_size) for h in histories]
@@ -539,97 +831,17 @@ def shard_report(bench: Bench, reps: int) -> str:
     return "\n".join(lines)
 
 
-# -- main -----------------------------------------------------------------------------
+def command_line() -> str:
+    return f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}"
 
 
-def clean_up(work: Path, created: bool, mountpoint: Path, keep: bool) -> None:
-    """Remove what this run wrote (never while something is mounted in it)."""
-    if keep:
-        print(f"kept {work}")
-        return
-    if mount_type(str(mountpoint)) is not None:
-        print(f"{mountpoint} is still mounted: {work} left in place", file=sys.stderr)
-        return
-    for name in ("a-source.zarr", "b.zarr", "c.zarr", "mnt", "mount.log", "data.npy"):
-        path = work / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
-    if created:
-        with contextlib.suppress(OSError):
-            work.rmdir()
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mib", type=int, default=512, help="uncompressed size (MiB)")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions (medians reported)")
-    parser.add_argument(
-        "--mount-options",
-        default="",
-        help="more options for the mount of case a, e.g. write_buffer=1G,flush_interval=30",
-    )
-    parser.add_argument(
-        "--workdir",
-        type=Path,
-        default=ROOT / "bench-data" / "write",
-        help="where the arrays are written (default: bench-data/write, git-ignored; "
-        "not bench-data itself, which holds read_throughput.py's data set)",
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the written arrays")
-    parser.add_argument(
-        "--profile",
-        type=Path,
-        help="after the measured repetitions, run case a once more (untimed) with py-spy "
-        "recording the daemon into this file (.svg: flame graph, else raw collapsed stacks)",
-    )
-    args = parser.parse_args()
-    if args.size_mib < 1 or args.reps < 1:
-        parser.error("--size-mib and --reps must be positive")
-    if os.geteuid() != 0:
-        parser.error("needs root (FUSE mounts, os.sync)")
-    interrupts = Interrupts()  # so `finally` unmounts on SIGTERM too
-
-    work = args.workdir.resolve()
-    if mount_type(str(work / "mnt")) is not None:
-        parser.error(f"{work / 'mnt'} is mounted already (left by another run?)")
-    created = not work.exists()
-    work.mkdir(parents=True, exist_ok=True)
-    log = work / "mount.log"
-    log.write_text("")
-    options = [o for o in args.mount_options.split(",") if o.strip()] + [f"log={log}"]
-    mounts = Mounts(work / "mnt", log, options, interrupts)
-    shape = shape_for(args.size_mib)
-    nbytes = math.prod(shape)
-    profiled = None
-    try:
-        print(f"generating {shape} uint8 ({nbytes / (1 << 20):.0f} MiB) ...", flush=True)
-        data = generate(shape)
-        data_file = work / "data.npy"
-        np.save(data_file, data)
-        bench = Bench(work, data, data_file, mounts)
-        print(
-            f"array {shape} uint8, chunks {CHUNK}^3, shards {SHARD}^3 "
-            f"({math.prod(math.ceil(n / SHARD) for n in shape)} shards, "
-            f"{math.prod(math.ceil(n / CHUNK) for n in shape)} chunks), {COMPRESSOR}; "
-            f"mount options: {','.join(options)}",
-            flush=True,
-        )
-        for rep in range(args.reps):
-            bench.repetition(rep, args.reps)
-        if args.profile is not None:
-            profiled = bench.case_a(profile=args.profile.resolve())
-    finally:
-        try:
-            mounts.stop()
-        finally:
-            clean_up(work, created, mounts.mountpoint, args.keep)
-
-    table, _met = report(bench, args.reps, nbytes)
+def print_default(bench: Bench, reps: int, options: list[str]) -> None:
+    shape = bench.data.shape
+    nbytes = bench.data.nbytes
+    table = report(bench, reps, nbytes)
     stored = {k: statistics.median(v) / (1 << 20) for k, v in bench.stored.items()}
     print()
-    print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
+    print(command_line())
     print(machine())
     print(
         f"array {shape} uint8 = {nbytes / (1 << 20):.0f} MiB, chunks {CHUNK}^3, shards "
@@ -652,13 +864,189 @@ def main() -> int:
         f"{statistics.median(a['b-client-cpu']):.1f} s), daemon "
         f"{statistics.median(a['a-daemon-cpu']):.1f} s"
     )
-    print(shard_report(bench, args.reps))
-    if profiled:
-        print(profiled)
+    print(shard_report(bench, reps))
+    if bench.profiled:
+        print(bench.profiled)
+
+
+def print_small(bench: Bench, reps: int, options: list[str]) -> None:
+    shape = bench.data.shape
+    chunks = math.prod(math.ceil(n / bench.chunk) for n in shape)
+    print()
+    print(command_line())
+    print(machine())
+    print(
+        f"array {shape} {bench.data.dtype} = {bench.data.nbytes / (1 << 20):.0f} MiB in "
+        f"{chunks} chunks of {bench.chunk}^3; compressors: (1), (2) zarr-python 2.18's "
+        f"default, {bench.compressors.get('v2-plain')}; (3), (4) {COMPRESSOR}; (1) and (3) "
+        f"stored in shards of {SHARD}^3; mount options: (1) "
+        f"{','.join([*options[:-1], *SMALL_MOUNT_OPTIONS['v2-mount']])}, (3) "
+        f"{','.join([*options[:-1], *SMALL_MOUNT_OPTIONS['v3-mount']])}"
+    )
+    print(small_report(bench, reps))
+    print(
+        "targets (issue 21): plain time / mount time, the mount timed up to the end of its "
+        "unmount (its data committed, fsynced, in the source), checked against the plain "
+        "write with os.sync() (committed too: like for like); the plain write without sync "
+        "(its data still in the page cache) is shown for reference. Stored MiB: chunk or "
+        "shard files, dead bytes of appends included."
+    )
+    for key in SMALL_MOUNT_OPTIONS:
+        writes = [h.writes for run in bench.shards[key] for h in run if h.writes is not None]
+        shards = statistics.median(len(run) for run in bench.shards[key])
+        print(
+            f"{key}: {shards:.0f} shards, writes per shard (1 whole + appends) "
+            f"{spread(writes) if writes else '-'}; "
+            f"written and compared whole with zarr-python 3 from the source after every run"
+        )
+    print(
+        f"FUSE requests per chunk ({chunks} chunks), from one more, untimed run of each mount "
+        "with -o debug (release and releasedir are not logged: counted as one per create or "
+        "open and per opendir; forget is not counted):"
+    )
+    print("\n".join(requests_report(bench)))
+
+
+# -- main -----------------------------------------------------------------------------
+
+
+#: What a run may leave in its work directory.
+WRITTEN = (
+    "a-source.zarr",
+    "b.zarr",
+    "c.zarr",
+    *(f"{key}-source.zarr" for key in SMALL_MOUNT_OPTIONS),
+    "v2-plain.zarr",
+    "v3-plain.zarr",
+    "mnt",
+    "mount.log",
+    "data.npy",
+)
+
+
+def clean_up(work: Path, created: bool, mountpoint: Path, keep: bool) -> None:
+    """Remove what this run wrote (never while something is mounted in it)."""
+    if keep:
+        print(f"kept {work}")
+        return
+    if mount_type(str(mountpoint)) is not None:
+        print(f"{mountpoint} is still mounted: {work} left in place", file=sys.stderr)
+        return
+    for name in WRITTEN:
+        path = work / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    if created:
+        with contextlib.suppress(OSError):
+            work.rmdir()
+
+
+def measure_default(args: argparse.Namespace, work: Path, mounts: Mounts) -> Bench:
+    shape = shape_for(args.size_mib)
+    nbytes = math.prod(shape)
+    print(f"generating {shape} uint8 ({nbytes / (1 << 20):.0f} MiB) ...", flush=True)
+    data = generate(shape)
+    data_file = work / "data.npy"
+    np.save(data_file, data)
+    bench = Bench(work, data, data_file, mounts)
+    print(
+        f"array {shape} uint8, chunks {CHUNK}^3, shards {SHARD}^3 "
+        f"({math.prod(math.ceil(n / SHARD) for n in shape)} shards, "
+        f"{math.prod(math.ceil(n / CHUNK) for n in shape)} chunks), {COMPRESSOR}; "
+        f"mount options: {','.join(mounts.options)}",
+        flush=True,
+    )
+    for rep in range(args.reps):
+        bench.repetition(rep, args.reps, bench.default_cases())
+    if args.profile is not None:
+        bench.profiled = bench.case_a(profile=args.profile.resolve())
+    return bench
+
+
+def measure_small(args: argparse.Namespace, work: Path, mounts: Mounts) -> Bench:
+    zarr2 = Writer(str(ensure_zarr2().python), creates=True)
+    print(f"generating {SMALL_SHAPE} uint16 ...", flush=True)
+    data = generate_small(SMALL_SHAPE)
+    data_file = work / "data.npy"
+    np.save(data_file, data)
+    bench = Bench(work, data, data_file, mounts, chunk=SMALL_CHUNK, whole=True)
+    for rep in range(args.reps):
+        bench.repetition(rep, args.reps, bench.small_cases(zarr2))
+    for key, writer in (("v2-mount", zarr2), ("v3-mount", ZARR3)):
+        counted = bench.case_small_mount(key, writer, counting=True)
+        print(f"  {key} once more with -o debug (untimed): {counted}", flush=True)
+    return bench
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--small-chunks",
+        action="store_true",
+        help="issue 21's case of many small chunks: zarr-python 2.18 and 3 through "
+        "read-write mounts (v2 and v3 view) and into plain directories (see above)",
+    )
+    parser.add_argument(
+        "--size-mib", type=int, help="uncompressed size (MiB; default 512; not --small-chunks)"
+    )
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (medians reported)")
+    parser.add_argument(
+        "--mount-options",
+        default="",
+        help="more options for the mounts (case a; with --small-chunks (1) and (3)), "
+        "e.g. write_buffer=1G,flush_interval=30",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="where the arrays are written (default: bench-data/write, with --small-chunks "
+        "bench-data/write-small, git-ignored; not bench-data itself, which holds "
+        "read_throughput.py's data set)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the written arrays")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="after the measured repetitions, run case a once more (untimed) with py-spy "
+        "recording the daemon into this file (.svg: flame graph, else raw collapsed stacks)",
+    )
+    args = parser.parse_args()
+    if args.small_chunks and (args.size_mib is not None or args.profile is not None):
+        parser.error("--size-mib and --profile do not go with --small-chunks")
+    if args.size_mib is None:
+        args.size_mib = 512
+    if args.size_mib < 1 or args.reps < 1:
+        parser.error("--size-mib and --reps must be positive")
+    if os.geteuid() != 0:
+        parser.error("needs root (FUSE mounts, os.sync)")
+    interrupts = Interrupts()  # so `finally` unmounts on SIGTERM too
+
+    if args.workdir is None:
+        args.workdir = ROOT / "bench-data" / ("write-small" if args.small_chunks else "write")
+    work = args.workdir.resolve()
+    if mount_type(str(work / "mnt")) is not None:
+        parser.error(f"{work / 'mnt'} is mounted already (left by another run?)")
+    created = not work.exists()
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "mount.log"
+    log.write_text("")
+    options = [o for o in args.mount_options.split(",") if o.strip()] + [f"log={log}"]
+    mounts = Mounts(work / "mnt", log, options, interrupts)
+    measure, show = (
+        (measure_small, print_small) if args.small_chunks else (measure_default, print_default)
+    )
+    try:
+        bench = measure(args, work, mounts)
+    finally:
+        try:
+            mounts.stop()
+        finally:
+            clean_up(work, created, mounts.mountpoint, args.keep)
+    show(bench, args.reps, options)
     return 0
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--writer"]:
-        sys.exit(writer_main(*sys.argv[2:]))
     run(main)
