@@ -20,6 +20,12 @@ class NotFound(ShardfsError):
     """The path does not exist in the view."""
 
 
+class MissingChunk(NotFound):
+    """A key of an array's chunk grid that holds no chunk. Only a write of that chunk
+    makes it exist, so a front end may let its client remember the absence as long
+    as it remembers entries."""
+
+
 class NotADirectory(ShardfsError):
     """A directory operation was asked of a file."""
 

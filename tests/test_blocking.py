@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shardfs.storage import LocalStorage
+from shardfs.storage import LocalStorage, local
 from shardfs.storage.blocking import WouldBlock, may_block, nonblocking
 from shardfs.view.cache import LruCache
 
@@ -67,6 +67,55 @@ def test_local_read_of_evicted_data_would_block(tmp_path: Path) -> None:
 def test_local_listing_would_block(tmp_path: Path) -> None:
     with nonblocking(), pytest.raises(WouldBlock):
         LocalStorage(tmp_path).list("")
+
+
+def listed(storage: LocalStorage, key: str) -> dict[str, int]:
+    return {entry.name: entry.stat.size for entry in storage.list(key)}
+
+
+def test_a_settled_small_directory_is_listed_again_without_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory listed once is listed again in non-blocking mode from its kept names,
+    each stated afresh, for as long as the directory itself has not changed."""
+    monkeypatch.setattr(local, "NAMES_SETTLED", 0)  # no waiting for its mtime to age
+    (tmp_path / "d").mkdir()
+    for name in "abc":
+        (tmp_path / "d" / name).write_bytes(b"x")
+    storage = LocalStorage(tmp_path)
+    assert listed(storage, "d") == {"a": 1, "b": 1, "c": 1}  # may block: the first time
+    with (tmp_path / "d" / "b").open("ab") as f:
+        f.write(b"yy")  # an append in place changes the file, not the directory
+    with nonblocking():
+        assert listed(storage, "d") == {"a": 1, "b": 3, "c": 1}
+    time.sleep(0.02)  # past a tick of the file system's clock
+    (tmp_path / "d" / "e").write_bytes(b"")  # the directory changed: listed afresh
+    with nonblocking(), pytest.raises(WouldBlock):
+        storage.list("d")
+    assert listed(storage, "d") == {"a": 1, "b": 3, "c": 1, "e": 0}
+
+
+def test_names_are_not_kept_while_a_directory_may_change_unseen(tmp_path: Path) -> None:
+    """A directory changed within the last moments may change again within the same
+    clock tick, leaving its mtime as it was: its names are not kept."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a").write_bytes(b"")
+    storage = LocalStorage(tmp_path)
+    storage.list("d")
+    with nonblocking(), pytest.raises(WouldBlock):
+        storage.list("d")
+
+
+def test_names_of_a_big_directory_are_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local, "NAMES_SETTLED", 0)
+    for i in range(local.NAMES_DIR_SIZE + 1):
+        (tmp_path / str(i)).write_bytes(b"")
+    storage = LocalStorage(tmp_path)
+    storage.list("")
+    with nonblocking(), pytest.raises(WouldBlock):
+        storage.list("")
 
 
 def test_cache_does_not_wait_for_another_load_in_nonblocking_mode() -> None:

@@ -86,12 +86,15 @@ class MountOptions:
         return S3Config(**settings)
 
     def fuse_options(self, fsname: str) -> set[str]:
-        """The options passed to the kernel through libfuse."""
-        opts = {"default_permissions", "subtype=shardfs", f"fsname={fsname}"}
+        """The options passed to the kernel through libfuse. Every file is the mounting
+        user's, so without `allow_other`, which lets no one else in, the kernel need not
+        check mode bits: it then asks for no directory attributes to check them (two
+        requests fewer per file a writer creates and renames into place)."""
+        opts = {"subtype=shardfs", f"fsname={fsname}"}
         if self.read_only:
             opts.add("ro")
         if self.allow_other:
-            opts.add("allow_other")
+            opts |= {"allow_other", "default_permissions"}
         return opts | set(self.flags.values())
 
     def leftover_dir(self, source_id: str) -> str:

@@ -30,6 +30,7 @@ from shardfs.errors import (
     CannotMove,
     InvalidWrite,
     IsADirectory,
+    MissingChunk,
     NotADirectory,
     NotEmpty,
     NotFound,
@@ -326,8 +327,21 @@ class Operations(pyfuse3.Operations):
             node = await self._run(self.view.resolve, parent.path.rpartition("/")[0])
             attr = await self._run(self.view.attr, node)
         else:
-            node, attr = await self._run(self.view.entry, parent, text)
+            try:
+                node, attr = await self._run(self.view.entry, parent, text)
+            except MissingChunk:
+                return self._absent()
         return self._reply(node, attr)
+
+    def _absent(self) -> pyfuse3.EntryAttributes:
+        """A negative entry: the kernel remembers that the name does not exist for as
+        long as it remembers entries, and asks again for it only after that (a writer
+        probing for a chunk before it writes it, and again at its rename, costs one
+        request, not two; a reader of a sparse array asks once per missing chunk)."""
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = 0
+        entry.entry_timeout = self.config.cache_timeout
+        return entry
 
     @_errors
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:

@@ -115,8 +115,12 @@ class InodeTable:
         key, grid, array = self._slots[slot]
         if index >= math.prod(grid):
             raise KeyError(ino)
-        coords = tuple(int(i) for i in np.unravel_index(index, grid)) if grid else ()
-        return Node(join(key, array.names.encode(coords)), Role.CHUNK, array, coords)
+        coords: list[int] = []
+        for size in reversed(grid):  # C order, as np.unravel_index (slow for one)
+            index, coord = divmod(index, size)
+            coords.append(coord)
+        coords.reverse()
+        return Node(join(key, array.names.encode(coords)), Role.CHUNK, array, tuple(coords))
 
     def assign(self, node: Node) -> int:
         """The inode of `node`'s path, made if needed; an entry records the newest node."""

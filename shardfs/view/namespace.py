@@ -32,7 +32,7 @@ import logging
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from enum import Enum
 
@@ -43,6 +43,7 @@ from shardfs.errors import (
     CorruptData,
     InvalidMetadata,
     IsADirectory,
+    MissingChunk,
     NotADirectory,
     NotFound,
     ShardfsError,
@@ -113,6 +114,8 @@ EAGER_RENDER = 1 << 20
 #: kernel splits the file into requests. (On a store with costly requests,
 #: passthrough files too.)
 WHOLE_CHUNK_LIMIT = 4 << 20
+#: Shard keys kept encoded (see `Namespace.shard_key`); all are dropped when full.
+SHARD_KEYS_KEPT = 4096
 #: How often a read or an index load starts again on an object that keeps changing
 #: under it (an appender of another mount), before it gives up with EIO.
 CHANGE_ATTEMPTS = 8
@@ -365,6 +368,7 @@ class Namespace(Resolves):
         self.documents: LruCache[dict[str, bytes] | bytes] = LruCache(
             document_cache, lambda d: (len(d) if isinstance(d, bytes) else _size(d)) + 256
         )
+        self._shard_keys: dict[tuple[str, Hashable, tuple[int, ...]], str] = {}
 
     # -- classification ---------------------------------------------------
 
@@ -674,7 +678,15 @@ class Namespace(Resolves):
     # -- shards -------------------------------------------------------------
 
     def shard_key(self, array: ArrayView, shard: tuple[int, ...]) -> str:
-        return join(array.data, array.layout.keys.encode(shard))
+        # Asked for on every lookup and read of a chunk, for the same few shards.
+        memo = (array.data, array.layout.keys, shard)
+        key = self._shard_keys.get(memo)
+        if key is None:
+            key = join(array.data, array.layout.keys.encode(shard))
+            if len(self._shard_keys) >= SHARD_KEYS_KEPT:
+                self._shard_keys.clear()
+            self._shard_keys[memo] = key
+        return key
 
     def table(
         self, array: ArrayView, shard: tuple[int, ...], listed: Stat | None = None
@@ -805,14 +817,14 @@ class Namespace(Resolves):
         """(shard key, table, offset, nbytes) of a non-empty chunk; NotFound otherwise."""
         layout = array.layout
         if not layout.in_bounds(coords):
-            raise NotFound(array.names.encode(coords))
+            raise MissingChunk(array.names.encode(coords))
         shard, local = layout.shard_of(coords)
         table = self.table(array, shard)
         if table is None:
-            raise NotFound(array.names.encode(coords))
+            raise MissingChunk(array.names.encode(coords))
         offset, nbytes = table.entries[local]
         if nbytes == EMPTY:
-            raise NotFound(array.names.encode(coords))
+            raise MissingChunk(array.names.encode(coords))
         return self.shard_key(array, shard), table, int(offset), int(nbytes)
 
     def _shard_dir(self, array: ArrayView, prefix: tuple[int, ...]) -> str:

@@ -539,10 +539,12 @@ class Workspace:
         if writing:
             _check_format(path, name, self.ns.view)
         if parent.role in (Role.ARRAY, Role.CHUNK_DIR):
-            array = self.ns.refresh(parent).array
+            if parent.role is Role.CHUNK_DIR:
+                parent = self.ns.refresh(parent)  # `current` made only an array's fresh
+            array = parent.array
             if parent.role is Role.ARRAY and name in array.docs:
                 return Node(path, Role.METADATA, array), Kind.METADATA, None
-            node = self.ns.key_node(self.ns.refresh(parent), name)
+            node = self.ns.key_node(parent, name)
             # A key outside the chunk grid names no chunk: committed, it would land where
             # the view never shows it (a shard or chunk object past the grid, a slot past
             # the edge of a partial shard). Like any name that is not a key, it is scratch.
