@@ -3,20 +3,35 @@
 Why: every request a shardfs mount answers goes through the kernel, libfuse,
 pyfuse3's request loop and trio before shardfs's own code runs, and in Python
 that machinery alone costs tens of µs of CPU per request. This daemon serves
-N files of SIZE bytes from memory, read-only, in directories of PER_DIR files
-(`<d>/<f>`, both counted from 0; `--per-dir 0`: all in the root), with
-handlers that only look up an integer. What it costs per file read is the
-per-request floor of a pyfuse3 file system in Python, which no shardfs change
-can go below; `per_file.py` measures shardfs against it (issue 21). Like a
+files of SIZE bytes from memory, read-only, with handlers that only look up an
+integer. What it costs per file read is the per-request floor of a pyfuse3 file
+system in Python, which no shardfs change can go below; `per_file.py` measures
+shardfs against it (issue 21). What it costs to walk a tree of a given shape
+(`find`, `tar`) is the floor of any pyfuse3 mount of that shape: `scale.py
+--layout dandi` measures it beside the shardfs mount and the plain tree. Like a
 `-o ro` shardfs mount it keeps entries, attributes and pages cached (300 s
 timeouts, `keep_cache`) and answers `flush` with ENOSYS, so the kernel stops
-sending it.
+sending it. Every file holds SIZE bytes "x". Two shapes:
 
-    .venv/bin/python benchmarks/floor.py serve MOUNTPOINT N [--noopen] [--size 64]
-        [--per-dir 100] [--counts FILE]
+    .venv/bin/python benchmarks/floor.py serve MOUNTPOINT N [--per-dir 100] [COMMON]
+    .venv/bin/python benchmarks/floor.py serve MOUNTPOINT [N] --tree 100,100,100
+        [--under data/c] [COMMON]
+    COMMON: [--noopen] [--size 64] [--counts FILE]
 
-runs in the foreground until `fusermount3 -u MOUNTPOINT` (mount type `fuse.floor`).
+runs in the foreground until `fusermount3 -u MOUNTPOINT`, SIGINT or SIGTERM
+(mount type `fuse.floor`).
 
+--per-dir  N files in directories of PER_DIR files (`<d>/<f>`, both counted
+           from 0; `--per-dir 0`: all in the root); the default shape.
+--tree     nested directories of the fan-outs given, the last level files, names
+           decimal numbers counted from 0: `--tree 100,100,100` is 100
+           directories `<i>` of 100 directories `<i>/<j>` of 100 files
+           `<i>/<j>/<k>`, 1,000,000 files (N, if given, at most their product:
+           the first N files in that order, as with --per-dir). `--per-dir P`
+           is `--tree ceil(N/P),P`.
+--under    the tree sits below this chain of directories (`data/c`: the tree
+           of a Zarr array `data`'s chunk keys, `data/c/<i>/<j>/<k>`).
+--size     bytes per file (default 64).
 --noopen   `open` and `opendir` answer ENOSYS: the kernel then stops sending
            open, release, opendir and releasedir for the connection, keeps the
            pages and listings itself, and sends reads and readdirs with fh 0.
@@ -31,6 +46,11 @@ runs in the foreground until `fusermount3 -u MOUNTPOINT` (mount type `fuse.floor
            JSON object {handler: count} to FILE at exit and on every SIGUSR1
            (through a temporary file renamed over FILE, so a reader never sees
            half of it).
+
+Nothing is made per file or per directory: inodes are numbered level by level
+(1 the root, then the directories of --under, then each level of the tree in
+order, the files last), so a handler finds an entry's parent, children and
+name by arithmetic, and start-up and memory do not grow with the tree.
 """
 
 from __future__ import annotations
@@ -39,6 +59,7 @@ import argparse
 import collections
 import errno
 import json
+import math
 import os
 import signal
 import stat
@@ -73,19 +94,44 @@ def inode_fh_supported() -> bool:
     return bool(getattr(pyfuse3, "SHARDFS_INODE_AS_FH", False))
 
 
-class Floor(pyfuse3.Operations):
-    """N read-only files of `size` bytes in directories of `per_dir` files.
+def fanouts_for(n: int, per_dir: int) -> tuple[int, ...]:
+    """The --tree of `n` files in directories of `per_dir` (0: all in the root)."""
+    return (-(-n // per_dir), per_dir) if per_dir else (n,)
 
-    Inodes: 1 the root, then the directories (if `per_dir`), then the files in order.
+
+class Floor(pyfuse3.Operations):
+    """Read-only files of `size` bytes: the first `n` files of a tree of `fanouts`
+    (entries per directory, level by level, the last level files) below the chain of
+    directories `under` (see the module doc).
+
+    Inodes: 1 the root, 2 ... the directories of `under`, then each level's entries in
+    order; entry e of a level, in directory d of the level above, is d's child e % fanout.
     """
 
-    def __init__(self, n: int, size: int, per_dir: int, noopen: bool) -> None:
+    def __init__(
+        self,
+        fanouts: tuple[int, ...],
+        n: int,
+        size: int,
+        noopen: bool,
+        under: tuple[bytes, ...] = (),
+    ) -> None:
         super().__init__()
+        counts = [n]  # entries per level, the files last
+        for fanout in reversed(fanouts[1:]):
+            counts.insert(0, -(-counts[0] // fanout))
+        if counts[0] > fanouts[0]:
+            raise ValueError(f"{n} files do not fit a tree of {fanouts}")
+        self.levels: list[range] = []  # each level's inodes
+        for count in counts:
+            start = self.levels[-1].stop if self.levels else 2 + len(under)
+            self.levels.append(range(start, start + count))
+        #: per level of directories: its inodes, the level below's, and its fan-out
+        self.dirs = list(zip(self.levels, self.levels[1:], fanouts[1:], strict=False))
+        self.under = under
         self.n = n
         self.data = b"x" * size
-        self.per_dir = per_dir
-        self.dirs = -(-n // per_dir) if per_dir else 0
-        self.first_file = 2 + self.dirs
+        self.first_file = self.levels[-1].start
         self.noopen = noopen
         self.uid, self.gid = os.getuid(), os.getgid()
 
@@ -106,20 +152,22 @@ class Floor(pyfuse3.Operations):
 
     def _children(self, ino: int) -> range:
         """The inodes in directory `ino`, in listing order."""
-        if ino == 1:
-            return range(2, self.first_file) if self.per_dir else range(2, 2 + self.n)
-        if 2 <= ino < self.first_file:
-            start = self.first_file + (ino - 2) * self.per_dir
-            return range(start, min(start + self.per_dir, self.first_file + self.n))
+        if ino < self.levels[0].start:  # the root or a directory of `under`
+            return range(ino + 1, ino + 2) if ino <= len(self.under) else self.levels[0]
+        for level, below, fanout in self.dirs:
+            if ino in level:
+                start = below.start + (ino - level.start) * fanout
+                return range(start, min(start + fanout, below.stop))
         raise pyfuse3.FUSEError(errno.ENOTDIR)
-
-    def _name(self, parent: int, ino: int) -> bytes:
-        return str(ino - self._children(parent).start).encode()
 
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext | None = None
     ) -> pyfuse3.EntryAttributes:
         children = self._children(parent_inode)
+        if parent_inode <= len(self.under):  # its one child has a name of `under`
+            if name != self.under[parent_inode - 1]:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._attr(children[0])
         try:
             i = int(name)
         except ValueError:
@@ -145,9 +193,10 @@ class Floor(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         children = self._children(fh)
+        under = self.under[fh - 1] if fh <= len(self.under) else None
         for position in range(start_id, len(children)):
             ino = children[position]
-            name = str(position).encode()
+            name = under or str(position).encode()
             if not pyfuse3.readdir_reply(token, name, self._attr(ino), position + 1):
                 return
 
@@ -201,22 +250,28 @@ def write_counts(path: str, counts: collections.Counter[str]) -> None:
 
 def serve(
     mountpoint: str,
-    n: int,
+    n: int | None,
     noopen: bool = False,
     *,
     size: int = 64,
     per_dir: int = 100,
+    tree: tuple[int, ...] | None = None,
+    under: str = "",
     counts: str | None = None,
 ) -> None:
     """Mount the floor at `mountpoint` and serve it until it is unmounted (or SIGINT/SIGTERM,
-    which unmount too); with `counts`, write the request counts there (see the module doc)."""
+    which unmount too): `n` files in directories of `per_dir`, or with `tree` the first `n`
+    (None: all) of that tree, below the directories `under` (`a/b`); with `counts`, write
+    the request counts there (see the module doc)."""
     if noopen and not inode_fh_supported():
         raise RuntimeError(
             "--noopen needs a pyfuse3 that passes the inode as fh when the kernel sends "
             "fh 0 (pyfuse3.SHARDFS_INODE_AS_FH, see patches/README.md); pyfuse3 "
             f"{pyfuse3.__version__} at {pyfuse3.__file__} is not patched"
         )
-    ops = Floor(n, size, per_dir, noopen)
+    fanouts = tree or fanouts_for(n or 0, per_dir)
+    n = math.prod(fanouts) if n is None else n
+    ops = Floor(fanouts, n, size, noopen, tuple(os.fsencode(d) for d in under.split("/") if d))
     counter: collections.Counter[str] = collections.Counter()
     if counts is not None:
         counting(ops, counter)
@@ -247,20 +302,39 @@ def serve(
             write_counts(counts, counter)
 
 
+def fanouts(text: str) -> tuple[int, ...]:
+    """--tree: positive integers separated by commas."""
+    levels = tuple(int(level) for level in text.split(","))
+    if not all(level > 0 for level in levels):
+        raise ValueError(text)
+    return levels
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     command = commands.add_parser("serve", help="mount and serve in the foreground")
     command.add_argument("mountpoint")
-    command.add_argument("n", type=int, help="number of files")
+    command.add_argument("n", type=int, nargs="?", help="number of files (--tree: all of it)")
     command.add_argument("--noopen", action="store_true", help="open/opendir answer ENOSYS")
     command.add_argument("--size", type=int, default=64, help="bytes per file (default 64)")
     command.add_argument(
-        "--per-dir", type=int, default=100, help="files per directory (0: all in the root)"
+        "--per-dir", type=int, help="files per directory (0: all in the root; default 100)"
     )
+    command.add_argument(
+        "--tree", type=fanouts, help="entries per directory, level by level (e.g. 100,100,100)"
+    )
+    command.add_argument("--under", default="", help="the tree's parent directories (data/c)")
     command.add_argument("--counts", help="write request counts as JSON here")
     args = parser.parse_args()
-    if args.n < 1 or args.size < 0 or args.per_dir < 0:
+    if args.tree is None and args.n is None:
+        parser.error("N is needed without --tree")
+    if args.tree is not None and args.per_dir is not None:
+        parser.error("--tree and --per-dir exclude each other")
+    if args.tree is not None and args.n is not None and args.n > math.prod(args.tree):
+        tree = ",".join(map(str, args.tree))
+        parser.error(f"--tree {tree} holds {math.prod(args.tree)} files, not N = {args.n}")
+    if (args.n is not None and args.n < 1) or args.size < 0 or (args.per_dir or 0) < 0:
         parser.error("N must be positive, --size and --per-dir not negative")
     try:
         serve(
@@ -268,7 +342,9 @@ def main() -> int:
             args.n,
             args.noopen,
             size=args.size,
-            per_dir=args.per_dir,
+            per_dir=100 if args.per_dir is None else args.per_dir,
+            tree=args.tree,
+            under=args.under,
             counts=args.counts,
         )
     except RuntimeError as e:

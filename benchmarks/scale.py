@@ -19,9 +19,19 @@ of two layouts:
          the 262 GB array takes 64 shards of up to 1.3 MiB, and the plain
          copy holds the view's files, compressed as the mount shows them.
 
-The steps, on both sides:
+The dandi layout has a third side, the FLOOR: `floor.py serve --noopen --tree
+ROWS,100,100 --under data/c --size 26`, a pyfuse3 + trio daemon whose handlers
+do nothing, serving the same chunk tree (`data/c/<i>/<j>/<k>`, files of the
+plain chunks' size; no zarr.json) with the same 300 s timeouts and no open or
+opendir requests, as the kernel-served `ro` mount. Why: part of the gap between
+the mount and the plain tree may be any pyfuse3 mount's (the kernel making an
+inode per READDIRPLUS entry, a FUSE file's open and read), which no shardfs
+change can close; floor/plain shows that part, mount/floor what shardfs adds.
 
-  start-up  `shardfs mount SOURCE MOUNTPOINT -o ro` until the root answers (mount only)
+The steps, on every side:
+
+  start-up  `shardfs mount SOURCE MOUNTPOINT -o ro` until the root answers (mount); the
+            floor's start until its root answers (floor, once, not COLD)
   find      `find DIR -type f | wc -l`
   du        `du -sb DIR`
   ls        `ls -l` of one chunk directory (`DIR/data/c/0`, dandi `DIR/data/c/0/0`)
@@ -29,15 +39,18 @@ The steps, on both sides:
 
 each COLD (page cache, dentries and inodes dropped) and WARM (the same command
 again at once). Per repetition each side runs all steps in this order, the
-side that goes first alternating; the mount side uses one daemon for find to
+side that goes first rotating; the mount side uses one daemon for find to
 read (started by the warm start-up), whose resident memory is sampled after
-every step, so its peak (VmHWM) covers the whole walk and a full read. COLD
-drops the kernel's caches only: the daemon keeps what earlier steps loaded,
-as a long-running mount does. The table shows medians; each ratio (mount time /
-plain time) is the median of per-repetition ratios, with its range. Needs root
-(drop_caches, FUSE). The targets checked are the issues': 2d find and du warm
-<= 3x; dandi (issue 21) find warm <= 1.5x and cold <= 4x, du and tar warm <= 2x;
-both start-up < 1 s and a daemon peak below 256 MiB.
+every step, so its peak (VmHWM) covers the whole walk and a full read; the
+floor side one floor daemon. COLD drops the kernel's caches only: the daemon
+keeps what earlier steps loaded, as a long-running mount does. The table shows
+medians; each ratio (mount time / plain time; with the floor also floor / plain
+and mount / floor) is the median of per-repetition ratios, with its range.
+Needs root (drop_caches, FUSE). The targets checked are the issues', on mount /
+plain: 2d find and du warm <= 3x; dandi (issue 21) find warm <= 1.5x and cold
+<= 4x, du and tar warm <= 2x; both start-up < 1 s and a daemon peak below 256
+MiB. A line after the table says what the floor reaches against plain at the
+same targets, how long it took to start (SLOW above 3 s) and its peak memory.
 
     .venv/bin/python benchmarks/scale.py [--layout 2d|dandi] [--rows 100] [--data DIR]
         [--repeat 3]
@@ -52,6 +65,7 @@ import argparse
 import hashlib
 import json
 import os
+import select
 import shutil
 import signal
 import statistics
@@ -76,6 +90,7 @@ sys.path.insert(0, str(ROOT))
 from shardfs.fuse.mounts import lock_path, mount_type, open_lock, unmount, wait_for_daemon  # noqa: E402
 from shardfs.storage import LocalStorage  # noqa: E402
 from shardfs.view import Namespace  # noqa: E402
+from tests.s3 import stop_process  # noqa: E402
 
 #: The 2d layout: inner chunk edge (uint16), inner chunks per shard along each axis, and
 #: chunk columns: each chunk directory c/<row> of the view holds COLUMNS files.
@@ -95,6 +110,11 @@ GENERATOR = 1
 STARTUP_TARGET = 1.0  #: seconds
 RSS_TARGET = 256  #: MiB, the daemon's peak
 SHARDFS = [sys.executable, "-m", "shardfs"]
+FLOOR = [sys.executable, str(Path(__file__).resolve().parent / "floor.py"), "serve"]
+FLOOR_TYPE = "fuse.floor"
+FLOOR_SLOW = 3.0  #: seconds: a floor start-up above this is called out
+#: The sides a run measures, in this order (the floor only where the layout has one).
+SIDES = ("mount", "floor", "plain")
 MODES = ("cold", "warm")
 
 
@@ -269,6 +289,8 @@ class Layout:
     check: Callable[[Path, int], None]
     #: the description of the array
     describe: Callable[[int], str]
+    #: whether a third side, the floor (floor.py serving the chunk tree's shape), is measured
+    floor: bool = False
 
     def grid(self, rows: int) -> tuple[int, ...]:
         return (rows, *self.sides)
@@ -317,6 +339,7 @@ LAYOUTS = {
             f"shards of {DANDI_SHARD}^3 chunks, zstd, written by tensorstore: "
             f"{rows * DANDI_SIDE**2} chunks in {rows * DANDI_SIDE} directories of {DANDI_SIDE}"
         ),
+        floor=True,
     ),
 }
 
@@ -425,6 +448,15 @@ class Dataset(DataDir):
             raise RuntimeError(f"the copy has {files} files, expected {self.chunks + DOCUMENTS}")
         self.marker.write_text(json.dumps(self.params))
 
+    def chunk_bytes(self) -> int:
+        """The size of the plain copy's first chunk file (in the DANDI layout, every one's)."""
+        first = Path(*["0"] * len(self.layout.grid(self.rows)))
+        return (self.plain / ARRAY / "c" / first).stat().st_size
+
+    def document_bytes(self) -> int:
+        """The size of the plain copy's metadata documents (the zarr.json files)."""
+        return sum((self.plain / p / "zarr.json").stat().st_size for p in (".", ARRAY))
+
     def directories(self, top: Path) -> list[Path]:
         """Every directory of the view below `top`, whose sizes `du -sb` adds to the files'."""
         return [
@@ -465,7 +497,16 @@ def revision() -> str:
     return f"{commit}, shardfs/*.py digest {code_digest()}"
 
 
-# -- the daemon -----------------------------------------------------------------------
+# -- the daemons ----------------------------------------------------------------------
+
+
+def memory(pid: int, field_name: str) -> int:
+    """A memory figure of process `pid` from /proc/PID/status, in KiB (VmRSS, VmHWM)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field_name} in /proc/{pid}/status")
 
 
 class Daemon:
@@ -506,12 +547,9 @@ class Daemon:
         return elapsed
 
     def status(self, field_name: str) -> int:
-        """A memory figure of the daemon from /proc/PID/status, in KiB (VmRSS, VmHWM)."""
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1])
-        raise RuntimeError(f"no {field_name} in /proc/{self.pid}/status")
+        """A memory figure of the daemon (see `memory`)."""
+        assert self.pid is not None
+        return memory(self.pid, field_name)
 
     def stop(self) -> None:
         """Unmount (lazily if busy) and wait until the daemon has exited."""
@@ -527,6 +565,60 @@ class Daemon:
                     if wait_for_daemon(lock, timeout=30) is None:
                         raise RuntimeError(f"the daemon of {path} (PID {self.pid}) does not exit")
             self.pid = None
+
+
+class FloorDaemon:
+    """At most one floor at a time: `floor.py serve --noopen` serving the view's chunk tree
+    in its shape (`data/c/<i>/<j>/<k>`, files of the plain chunks' size), our child. `stop`
+    sends it SIGTERM, on which it unmounts and exits (SIGKILL, by its PID, only if it does
+    not: `stop_process`), then makes sure nothing stays mounted."""
+
+    def __init__(self, dataset: Dataset, interrupts: Interrupts) -> None:
+        self.dataset = dataset
+        self.interrupts = interrupts
+        self.mountpoint = dataset.data / "mnt-floor"
+        self.log = dataset.data / "floor.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        grid = ",".join(map(str, self.dataset.layout.grid(self.dataset.rows)))
+        size = str(self.dataset.chunk_bytes())
+        tree = ["--tree", grid, "--under", f"{ARRAY}/c", "--size", size]
+        return [*FLOOR, str(self.mountpoint), "--noopen", *tree]
+
+    def start(self) -> float:
+        """Serve; the seconds from starting floor.py until the root answers."""
+        self.stop()
+        self.mountpoint.mkdir(exist_ok=True)
+        command = self.command()
+        # Never untracked; in its own session, so a Ctrl-C reaches this script only.
+        with self.interrupts.deferred(), open(self.log, "wb") as log:
+            started = time.perf_counter()
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+            )
+        assert self.process.stdout is not None
+        # It prints "ready" once mounted (or exits, and the pipe reads empty).
+        readable, _, _ = select.select([self.process.stdout], [], [], 60)
+        if not readable or self.process.stdout.readline() != b"ready\n":
+            self.stop()
+            raise RuntimeError(f"the floor did not mount: {self.log.read_text(errors='replace')}")
+        os.stat(self.mountpoint)  # answered by the floor
+        return time.perf_counter() - started
+
+    def stop(self) -> None:
+        with self.interrupts.deferred():  # an interrupted stop would leave the floor behind
+            process, self.process = self.process, None
+            if process is not None:
+                stop_process(process)  # SIGTERM, by its PID: it unmounts and exits
+                if process.stdout is not None:
+                    process.stdout.close()
+            if mount_type(str(self.mountpoint)) == FLOOR_TYPE:
+                unmount(str(self.mountpoint), lazy=True)
 
 
 # -- the steps ------------------------------------------------------------------------
@@ -561,9 +653,9 @@ class Step:
     label: str
     #: the pipeline, with {dir} for the top of the tree
     script: str
-    #: per side ("mount", "plain"), per mode: seconds per repetition
+    #: per side (SIDES), per mode: seconds per repetition
     times: dict[str, dict[str, list[float]]] = field(
-        default_factory=lambda: {side: {m: [] for m in MODES} for side in ("mount", "plain")}
+        default_factory=lambda: {side: {m: [] for m in MODES} for side in SIDES}
     )
     #: per side: what the command printed (the same every time)
     output: dict[str, str] = field(default_factory=dict)
@@ -584,6 +676,7 @@ def steps(layout: Layout) -> list[Step]:
 class Run:
     dataset: Dataset
     daemon: Daemon
+    floor: FloorDaemon
     timeout: float
     steps: list[Step] = field(default_factory=list)
     startup: dict[str, list[float]] = field(default_factory=lambda: {m: [] for m in MODES})
@@ -591,13 +684,18 @@ class Run:
     rss: list[dict[str, int]] = field(default_factory=list)
     #: per side: the bytes `du -sb` counted for the files alone (its total less directories)
     file_bytes: dict[str, int] = field(default_factory=dict)
+    #: the floor's, per repetition: seconds until its root answered, and VmHWM (KiB)
+    floor_startup: list[float] = field(default_factory=list)
+    floor_peak: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.steps = self.steps or steps(self.dataset.layout)
+        self.sides = [s for s in SIDES if s != "floor" or self.dataset.layout.floor]
 
     def side(self, side: str, rep: int, repeat: int) -> None:
         """Every step, COLD then WARM, on one side."""
-        top = self.dataset.mountpoint if side == "mount" else self.dataset.plain
+        tops = {"mount": self.dataset.mountpoint, "floor": self.floor.mountpoint}
+        top = tops.get(side, self.dataset.plain)
         tag = f"  rep {rep + 1}/{repeat} {side}"
         rss: dict[str, int] = {}
         if side == "mount":
@@ -608,6 +706,9 @@ class Run:
                 self.startup[mode].append(self.daemon.start())
                 print(f"{tag} start-up {mode}: {self.startup[mode][-1]:8.2f} s", flush=True)
             rss["start"] = self.daemon.status("VmRSS")
+        elif side == "floor":  # it reads nothing: one start-up, whatever the caches hold
+            self.floor_startup.append(self.floor.start())
+            print(f"{tag} start-up: {self.floor_startup[-1]:8.2f} s", flush=True)
         for step in self.steps:
             for mode in MODES:
                 if mode == "cold":
@@ -628,21 +729,27 @@ class Run:
             rss["peak"] = self.daemon.status("VmHWM")
             self.rss.append(rss)
             self.daemon.stop()
+        elif side == "floor":
+            assert self.floor.process is not None
+            self.floor_peak.append(memory(self.floor.process.pid, "VmHWM"))
+            self.floor.stop()
 
     def measure(self, repeat: int) -> None:
-        sides = ["mount", "plain"]
+        sides = self.sides
         for rep in range(repeat):
-            for side in sides[rep % 2 :] + sides[: rep % 2]:
+            first = rep % len(sides)
+            for side in sides[first:] + sides[:first]:
                 self.side(side, rep, repeat)
             if rep == 0:  # every later run must print the same: a wrong tree fails early
                 self.check()
 
     def check(self) -> None:
-        """Both sides must show the same tree: the right file counts, the same file bytes,
-        the same tar stream."""
+        """The mount and the plain copy must show the same tree: the right file counts, the
+        same file bytes, the same tar stream; the floor the same chunk files, without the
+        metadata documents (so the same bytes less theirs)."""
         out = {step.key: step.output for step in self.steps}
-        files = self.dataset.chunks + DOCUMENTS
-        for side in ("mount", "plain"):
+        for side in self.sides:
+            files = self.dataset.chunks + (DOCUMENTS if side != "floor" else 0)
             if int(out["find"][side]) != files:
                 raise RuntimeError(
                     f"find on the {side} side counted {out['find'][side]}, not {files}"
@@ -653,17 +760,31 @@ class Run:
             raise RuntimeError(f"tar streams differ in length: {out['read']}")
         if self.file_bytes["mount"] != self.file_bytes["plain"]:
             raise RuntimeError(f"du of the files differs: {self.file_bytes} ({out['du']} in all)")
+        if "floor" in self.sides:
+            chunk_bytes = self.file_bytes["plain"] - self.dataset.document_bytes()
+            if self.file_bytes["floor"] != chunk_bytes:
+                raise RuntimeError(
+                    f"du of the floor's files: {self.file_bytes['floor']}, of the plain "
+                    f"chunk files: {chunk_bytes}"
+                )
 
 
 # -- report ---------------------------------------------------------------------------
 
 
-def ratio_cell(mount: list[float], plain: list[float], target: float | None) -> str:
-    """mount time / plain time, paired per repetition (the two ran close together, so a
-    noisy neighbour slows both): the median, and the range."""
-    ratios = sorted(m / p for m, p in zip(mount, plain, strict=True))
-    ratio = statistics.median(ratios)
-    cell = f"{ratio:.2f}x" + (f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else "")
+def ratios(step: Step, mode: str, pair: tuple[str, str]) -> list[float]:
+    """Side a's time / side b's of `pair` (a, b), per repetition (the sides ran close
+    together, so a noisy neighbour slows both), sorted."""
+    a, b = pair
+    return sorted(x / y for x, y in zip(step.times[a][mode], step.times[b][mode], strict=True))
+
+
+def ratio_cell(ratio_list: list[float], target: float | None) -> str:
+    """The median ratio, its range, and the verdict against `target`."""
+    ratio = statistics.median(ratio_list)
+    cell = f"{ratio:.2f}x"
+    if len(ratio_list) > 1:
+        cell += f" ({ratio_list[0]:.2f}-{ratio_list[-1]:.2f})"
     if target is not None:
         cell += f", target <= {target:g}x: {'ok' if ratio <= target else 'ABOVE'}"
     return cell
@@ -671,36 +792,49 @@ def ratio_cell(mount: list[float], plain: list[float], target: float | None) -> 
 
 def report(run: Run, repeat: int) -> str:
     targets = run.dataset.layout.targets
+    sides = run.sides
+    pairs = [("mount", "plain")]  # the issues' ratios, with their targets
+    if "floor" in sides:
+        pairs += [("floor", "plain"), ("mount", "floor")]
+    columns = [(side, mode) for mode in MODES for side in sides]
+
+    def row(label: str, times: dict[tuple[str, str], str], cells: dict[str, str]) -> str:
+        """A table row: `times` by (side, mode), `cells` by ratio column (blank if absent)."""
+        figures = [times.get(column, "") for column in columns]
+        figures += [cells.get(f"{mode} {a}/{b}", "") for a, b in pairs for mode in MODES]
+        return f"| {label} | {' | '.join(figures)} |"
+
+    heads = [f"{side} {mode} s" for side, mode in columns]
+    heads += [f"{mode} {a}/{b}" for a, b in pairs for mode in MODES]
     lines = [
-        f"| step (median of {repeat}) | mount cold s | plain cold s | mount warm s | plain warm s "
-        "| cold mount/plain | warm mount/plain |",
-        "|---|---:|---:|---:|---:|---|---|",
+        f"| step (median of {repeat}) | {' | '.join(heads)} |",
+        "|---|" + "---:|" * len(columns) + "---|" * len(pairs) * len(MODES),
     ]
-    startup = [statistics.median(run.startup[mode]) for mode in MODES]
-    verdicts = [
-        f"target < {STARTUP_TARGET:g} s: {'ok' if t < STARTUP_TARGET else 'ABOVE'}" for t in startup
-    ]
+    startup = {mode: statistics.median(run.startup[mode]) for mode in MODES}
+    verdicts = {
+        f"{mode} mount/plain": f"target < {STARTUP_TARGET:g} s: "
+        + ("ok" if t < STARTUP_TARGET else "ABOVE")
+        for mode, t in startup.items()
+    }
     lines.append(
-        f"| mount start-up | {startup[0]:.2f} | | {startup[1]:.2f} | "
-        f"| {verdicts[0]} | {verdicts[1]} |"
+        row("mount start-up", {("mount", m): f"{t:.2f}" for m, t in startup.items()}, verdicts)
     )
+    if run.floor_startup:  # it starts once, on whatever the caches hold
+        floor_startup = f"{statistics.median(run.floor_startup):.2f}"
+        lines.append(row("floor start-up", {("floor", "warm"): floor_startup}, {}))
     for step in run.steps:
-        medians = [
-            f"{statistics.median(step.times[side][mode]):.2f}"
-            for mode in MODES
-            for side in ("mount", "plain")
-        ]
-        ratios = [
-            ratio_cell(
-                step.times["mount"][mode],
-                step.times["plain"][mode],
-                targets.get((step.key, mode)),
-            )
-            for mode in MODES
-        ]
+        medians = {
+            (side, mode): f"{statistics.median(step.times[side][mode]):.2f}"
+            for side, mode in columns
+        }
+        cells = {}
+        for a, b in pairs:
+            for mode in MODES:
+                target = targets.get((step.key, mode)) if (a, b) == ("mount", "plain") else None
+                cells[f"{mode} {a}/{b}"] = ratio_cell(ratios(step, mode, (a, b)), target)
         targeted = any(key == step.key for key, _ in targets)
         label = f"**{step.label}**" if targeted else step.label
-        lines.append(f"| {label} | {' | '.join(medians)} | {' | '.join(ratios)} |")
+        lines.append(row(label, medians, cells))
     lines += ["", "| daemon RSS, MiB | " + " | ".join(f"rep {i + 1}" for i in range(repeat)) + " |"]
     lines.append("|---|" + "---:|" * repeat)
     for what in ("start", *(step.key for step in run.steps)):
@@ -711,7 +845,32 @@ def report(run: Run, repeat: int) -> str:
     lines.append(f"| **peak** (VmHWM) | {figures} |")
     verdict = "ok" if peak < RSS_TARGET else "ABOVE"
     lines.append(f"\npeak RSS of the daemon: {peak:.0f} MiB, target < {RSS_TARGET} MiB: {verdict}")
+    if "floor" in sides:
+        lines.append(floor_summary(run))
     return "\n".join(lines)
+
+
+def floor_summary(run: Run) -> str:
+    """What the floor reaches against plain where the mount has a target; its start-up and
+    peak memory."""
+    reached = []
+    for step in run.steps:
+        for mode in MODES:
+            target = run.dataset.layout.targets.get((step.key, mode))
+            if target is not None:
+                ratio = statistics.median(ratios(step, mode, ("floor", "plain")))
+                verdict = "within" if ratio <= target else "ABOVE"
+                reached.append(
+                    f"{step.key} {mode} {ratio:.2f}x ({verdict} the mount's {target:g}x)"
+                )
+    startup = statistics.median(run.floor_startup)
+    slow = f", more than {FLOOR_SLOW:g} s: SLOW" if startup > FLOOR_SLOW else ""
+    return (
+        "the floor (floor.py --noopen: this chunk tree, pyfuse3 + trio handlers that do "
+        f"nothing) against plain, at the mount's targets: {'; '.join(reached)}\n"
+        f"floor start-up {startup:.2f} s{slow}; floor peak RSS "
+        f"{max(run.floor_peak) / 1024:.0f} MiB"
+    )
 
 
 def outputs(run: Run) -> str:
@@ -723,6 +882,13 @@ def outputs(run: Run) -> str:
         f"du -sb: mount {out['du']['mount']}, plain {out['du']['plain']} "
         f"(files alone: {run.file_bytes['plain']} on both; the rest is directory sizes); "
         f"tar: {out['read']['mount']} bytes on both sides"
+        + (
+            f"; the floor: find {out['find']['floor']} files (the chunks alone), du -sb "
+            f"{out['du']['floor']} (files alone: {run.file_bytes['floor']}), tar "
+            f"{out['read']['floor']} bytes"
+            if "floor" in run.sides
+            else ""
+        )
     )
 
 
@@ -760,7 +926,8 @@ def main() -> int:
     data = args.data.resolve() if args.data else Path(tempfile.mkdtemp(prefix="shardfs-scale-"))
     dataset = Dataset(data, args.rows, LAYOUTS[args.layout])
     daemon = Daemon(dataset, interrupts)
-    run = Run(dataset, daemon, args.step_timeout)
+    floor = FloorDaemon(dataset, interrupts)
+    run = Run(dataset, daemon, floor, args.step_timeout)
     code, digest = revision(), code_digest()
     print(f"shardfs at {code}", flush=True)
     try:
@@ -775,6 +942,10 @@ def main() -> int:
             f"{dataset.layout.describe(args.rows)}; the source: {shards} files, "
             f"{shard_bytes / (1 << 20):.1f} MiB"
         )
+        if "floor" in run.sides:
+            python, script, *rest = floor.command()
+            floor_command = [os.path.relpath(python), os.path.relpath(script), *rest]
+            described += f"\nthe floor: {' '.join(floor_command)}"
         print(described, flush=True)
         run.measure(args.repeat)
         run.check()
@@ -783,6 +954,7 @@ def main() -> int:
             summary += f"\nWARNING: shardfs/ changed during the run: now at {revision()}"
     finally:
         daemon.stop()
+        floor.stop()
         if args.data is None:
             shutil.rmtree(data, ignore_errors=True)
     print()
