@@ -7,6 +7,7 @@ after a commit the source is read directly by zarr-python 3.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -15,7 +16,14 @@ import pytest
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec
 
-from shardfs.errors import AlreadyExists, CannotMove, InvalidWrite, NotFound, ReadOnly
+from shardfs.errors import (
+    AlreadyExists,
+    CannotMove,
+    InvalidWrite,
+    MissingChunk,
+    NotFound,
+    ReadOnly,
+)
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, Node, View
 from shardfs.writeback import Handle, Workspace, WriteBuffer
@@ -198,3 +206,40 @@ def test_an_open_file_outlives_its_path_and_is_never_stored(source: Path) -> Non
     expected[:4, 4:8] = 5  # the file renamed over the open one
     np.testing.assert_array_equal(committed, expected)
     assert ws.rename(directory, "1", directory, "1", noreplace=False)[2] is False
+
+
+def test_a_lookup_stats_each_metadata_document_once(source: Path) -> None:
+    """A lookup sees one version of the metadata on its way (`Namespace.snapshot`): a
+    writer's probe for a chunk it has not written yet, which goes through the overlay and
+    the source, stats the array's `zarr.json` once, not at every step; and a document
+    stored through the workspace is seen by the next lookup."""
+    flat = zarr.create_array(  # chunk files right in the array's directory
+        source / "f",
+        shape=(16, 16),
+        chunks=CHUNK,
+        shards=(8, 8),
+        dtype="<u4",
+        chunk_key_encoding={"name": "v2", "separator": "."},
+    )
+    flat[:8, :8] = 3  # one shard of four
+    ws = workspace(source)
+    storage = ws.ns.storage
+    stats: list[str] = []
+    stat = storage.stat
+    storage.stat = lambda key: stats.append(key) or stat(key)  # type: ignore[method-assign]
+    parent = ws.resolve("f")
+    stats.clear()
+    with pytest.raises(MissingChunk):
+        ws.entry(parent, "1.3")  # its shard does not exist
+    assert stats.count("f/zarr.json") == 1, stats
+    stats.clear()
+    with pytest.raises(NotFound):
+        ws.lookup(parent, "1.3.5678.partial")
+    assert stats.count("f/zarr.json") == 1, stats
+    # Not one snapshot across calls: a new shape shows at the next lookup.
+    meta = json.loads((source / "f" / "zarr.json").read_text())
+    meta["shape"] = [4, 16]
+    (source / "f" / "zarr.json").write_text(json.dumps(meta))
+    assert ws.entry(ws.resolve("f"), "0.1")[0].coords == (0, 1)
+    with pytest.raises(NotFound):
+        ws.entry(ws.resolve("f"), "1.1")

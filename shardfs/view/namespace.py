@@ -26,13 +26,15 @@ state.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import replace
 from enum import Enum
 
@@ -369,6 +371,7 @@ class Namespace(Resolves):
             document_cache, lambda d: (len(d) if isinstance(d, bytes) else _size(d)) + 256
         )
         self._shard_keys: dict[tuple[str, Hashable, tuple[int, ...]], str] = {}
+        self._snapshots = threading.local()
 
     # -- classification ---------------------------------------------------
 
@@ -379,18 +382,20 @@ class Namespace(Resolves):
         return self.dir_node("")
 
     def lookup(self, parent: Node, name: str) -> Node:
-        node = self._lookup(parent, name)
-        if node.role is Role.CHUNK:
-            self.locate(node.array, node.coords)  # it exists only if its shard's index has it
-        return node
+        with self.snapshot():
+            node = self._lookup(parent, name)
+            if node.role is Role.CHUNK:
+                self.locate(node.array, node.coords)  # it exists only if its index has it
+            return node
 
     def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
         """`lookup` and `attr` in one step. A chunk's attributes come from the index that
         finds it: one stat of its metadata and of its shard, not two."""
-        node = self._lookup(parent, name)
-        if node.role is Role.CHUNK:
-            return node, self._chunk_attr(node.array, node.coords)
-        return node, self.attr(node)
+        with self.snapshot():
+            node = self._lookup(parent, name)
+            if node.role is Role.CHUNK:
+                return node, self._chunk_attr(node.array, node.coords)
+            return node, self.attr(node)
 
     def _lookup(self, parent: Node, name: str) -> Node:
         """The node `name` in `parent` names, with fresh metadata; a chunk not yet located."""
@@ -506,9 +511,33 @@ class Namespace(Resolves):
             return Node(key, Role.GROUP, meta)
         return Node(key, Role.DIR)
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Within this block (on this thread), each metadata document is stat'ed once:
+        a lookup or a stat sees one version of every node on its path, and does not ask
+        the source again at each step. For calls that change nothing: one that stores a
+        document must not see the version from before it. Nested blocks share the outer
+        one's snapshot."""
+        if getattr(self._snapshots, "docs", None) is not None:
+            yield
+            return
+        self._snapshots.docs = {}
+        try:
+            yield
+        finally:
+            self._snapshots.docs = None
+
+    def _find(self, key: str) -> NodeDoc | None:
+        docs: dict[str, NodeDoc | None] | None = getattr(self._snapshots, "docs", None)
+        if docs is None:
+            return self.tree.find(key)
+        if key not in docs:
+            docs[key] = self.tree.find(key)
+        return docs[key]
+
     def _meta_at(self, key: str) -> NodeView | None:
         """The array or group at view directory `key` whose view differs from the source."""
-        doc = self.tree.find(key)
+        doc = self._find(key)
         if doc is None:
             return None
         view = self.nodes.get((key, doc.version), lambda: self._load_meta(key, doc))

@@ -134,6 +134,10 @@ class Workspace:
         return node
 
     def lookup(self, parent: Node, name: str) -> Node:
+        with self.ns.snapshot():
+            return self._lookup(parent, name)
+
+    def _lookup(self, parent: Node, name: str) -> Node:
         parent = self.current(parent)
         path = join(parent.path, name)
         entry = self.overlay.entry(path)
@@ -150,17 +154,19 @@ class Workspace:
 
     def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
         """`lookup` and `attr` in one step; in one step of the namespace for a file only
-        the source holds (see `Namespace.entry`)."""
-        current = self.current(parent)
-        path = join(current.path, name)
-        if self.overlay.entry(path) is None:
-            try:
-                return self.ns.entry(current, name)
-            except NotFound:
-                if not self._virtual(path):
-                    raise
-        node = self.lookup(parent, name)
-        return node, self.attr(node)
+        the source holds (see `Namespace.entry`). Either sees one version of each
+        metadata document on its way (see `Namespace.snapshot`)."""
+        with self.ns.snapshot():
+            current = self.current(parent)
+            path = join(current.path, name)
+            if self.overlay.entry(path) is None:
+                try:
+                    return self.ns.entry(current, name)
+                except NotFound:
+                    if not self._virtual(path):
+                        raise
+            node = self._lookup(parent, name)
+            return node, self.attr(node)
 
     def attr(self, node: Node) -> Attr:
         entry = self.overlay.entry(node.path)
