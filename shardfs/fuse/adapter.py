@@ -335,9 +335,9 @@ class Operations(pyfuse3.Operations):
 
     def _absent(self) -> pyfuse3.EntryAttributes:
         """A negative entry: the kernel remembers that the name does not exist for as
-        long as it remembers entries, and asks again for it only after that (a writer
-        probing for a chunk before it writes it, and again at its rename, costs one
-        request, not two; a reader of a sparse array asks once per missing chunk)."""
+        long as it remembers entries, so a reader of a sparse array asks once per missing
+        chunk. (A rename's target, an `O_EXCL` create and `mkdir` look their name up
+        again whatever the kernel remembers.)"""
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = 0
         entry.entry_timeout = self.config.cache_timeout

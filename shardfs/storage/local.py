@@ -145,7 +145,7 @@ class LocalStorage(Storage):
 
     def _path(self, key: str) -> str:
         # Every request stats a few keys (a metadata document, a shard), the same ones
-        # again and again: checking and joining each once saves a tenth of a lookup.
+        # again and again: each is checked and joined once.
         path = self._paths.get(key)
         if path is None:
             if key.startswith("/") or ".." in key.split("/") or _is_private(key):
