@@ -15,6 +15,7 @@ import os
 import resource
 import select
 import signal
+import sqlite3
 import stat as stat_mod
 import sys
 import time
@@ -32,6 +33,7 @@ from shardfs.view.hierarchy import Hierarchy, open_hierarchy
 from shardfs.view.precomputed import PrecomputedSource, open_volume
 
 if TYPE_CHECKING:
+    from shardfs.storage.disk_cache import DiskCache
     from shardfs.view import Namespace
     from shardfs.view.precomputed import PrecomputedNamespace
     from shardfs.writeback import Workspace
@@ -177,11 +179,34 @@ def open_storage(source: str, options: MountOptions) -> Storage:
         from shardfs.storage.s3 import S3Storage, parse_url  # boto3 only when needed
 
         bucket, prefix = parse_url(source)
-        return S3Storage(bucket, prefix, options.s3_config())
+        return S3Storage(bucket, prefix, options.s3_config(), open_disk_cache(options))
+    if options.cache_dir:
+        raise UsageError("option cache_dir is for S3 sources (a local source is on disk already)")
     if not os.path.isdir(source):
         problem = "is not a directory" if os.path.exists(source) else "does not exist"
         raise UsageError(f"source {source} {problem}")
     return LocalStorage(source)
+
+
+def open_disk_cache(options: MountOptions) -> DiskCache | None:
+    """The disk cache `cache_dir` names, if any. A directory that cannot be used is the
+    user's to fix; a damaged cache database only costs the caching, so the mount goes on."""
+    if not options.cache_dir:
+        return None
+    from shardfs.storage.disk_cache import DiskCache  # diskcache only when needed
+
+    try:
+        return DiskCache(options.cache_dir, options.cache_size)
+    except OSError as e:
+        raise UsageError(f"cache_dir {options.cache_dir}: {e.strerror or e}") from None
+    except sqlite3.DatabaseError as e:
+        log.error(
+            "cache_dir %s: its database is damaged (%s); going on without the disk cache "
+            "(remove the directory to start it afresh)",
+            options.cache_dir,
+            e,
+        )
+        return None
 
 
 def open_source(source: str, options: MountOptions | None = None) -> Hierarchy | PrecomputedSource:

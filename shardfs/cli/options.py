@@ -64,6 +64,9 @@ class MountOptions:
     s3: dict[str, Any] = field(default_factory=dict)
     read_cache: int = 64 << 20
     listing_cache: int = 64 << 20
+    #: S3 sources: where fetched bytes are kept across mounts (see storage.disk_cache)
+    cache_dir: str | None = None
+    cache_size: int = 10 << 30
     #: inodes of directories and other files (not chunks) the daemon keeps for the kernel
     inodes: int = 100_000
     #: read-only mounts: let the kernel serve re-reads and listings itself (needs the
@@ -178,6 +181,11 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.read_cache = parse_size(value)
             elif name == "listing_cache":
                 options.listing_cache = parse_size(value)
+            elif name == "cache_dir" and value:
+                options.cache_dir = os.path.abspath(value)
+                item = f"cache_dir={options.cache_dir}"
+            elif name == "cache_size":
+                options.cache_size = parse_size(value)
             elif name == "inodes":
                 options.inodes = int(_positive(name, value, int))
             elif name == "cache_timeout":
@@ -196,6 +204,8 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             else:
                 raise UsageError(f"unknown mount option {item!r}")
             options.given.append(item)
+    if any(item.startswith("cache_size=") for item in options.given) and not options.cache_dir:
+        raise UsageError("option cache_size needs cache_dir=DIR")
     return options
 
 

@@ -58,6 +58,7 @@ from shardfs.errors import (
 )
 from shardfs.storage.base import ABSENT, Entry, Stat, Storage
 from shardfs.storage.blocking import check_may_block, may_block
+from shardfs.storage.disk_cache import DiskCache
 
 log = logging.getLogger("shardfs")
 
@@ -196,10 +197,18 @@ class S3Storage(Storage):
     #: Keys per LIST page (S3's maximum).
     page_size = 1000
 
-    def __init__(self, bucket: str, prefix: str = "", config: S3Config | None = None) -> None:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        config: S3Config | None = None,
+        disk_cache: DiskCache | None = None,
+    ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.config = config = config or S3Config()
+        #: Where bytes of object versions are kept across mounts (`-o cache_dir`), if anywhere.
+        self.disk_cache = disk_cache
         session = boto3.session.Session(profile_name=config.profile, region_name=config.region)
         client_config = Config(
             retries={"mode": "standard", "max_attempts": config.attempts},
@@ -368,18 +377,43 @@ class S3Storage(Storage):
         return bool(page.get("KeyCount"))
 
     def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
-        return self._get(key, offset, length, f"bytes={offset}-{offset + length - 1}", version)
+        if self.disk_cache is not None and version is not None:
+            return self._cached(key, offset, length, version)
+        return self._get(key, offset, length, f"bytes={offset}-{offset + length - 1}", version)[0]
 
     def read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
-        return self._get(key, size - length, length, f"bytes=-{length}", version)
+        if self.disk_cache is not None:
+            return self._cached(key, size - length, length, version)
+        return self._get(key, size - length, length, f"bytes=-{length}", version)[0]
+
+    def _cached(self, key: str, offset: int, length: int, version: Hashable) -> bytes:
+        """A read of one version through the disk cache, which fetches whole blocks."""
+        assert self.disk_cache is not None
+
+        def fetch(start: int, size: int) -> tuple[bytes, int]:
+            return self._get(key, start, size, f"bytes={start}-{start + size - 1}", version, True)
+
+        name = f"{self.config.endpoint_url or 'aws'}/{self.bucket}/{self._object(key)}"
+        try:
+            return self.disk_cache.read(name, str(version), offset, length, fetch)
+        except CorruptData as e:
+            raise CorruptData(f"{self.describe(key)}: {e}") from None
 
     def _get(
-        self, key: str, offset: int, length: int, byte_range: str, version: Hashable | None
-    ) -> bytes:
-        """A ranged GET of `length` bytes at `offset`, asked for as `byte_range`."""
+        self,
+        key: str,
+        offset: int,
+        length: int,
+        byte_range: str,
+        version: Hashable | None,
+        to_end: bool = False,
+    ) -> tuple[bytes, int | None]:
+        """A ranged GET of `length` bytes at `offset`, asked for as `byte_range`, and the
+        object's size if the answer tells it. With `to_end`, fewer bytes are an answer
+        when the object ends before `length` of them."""
         check_may_block()
         if length <= 0:
-            return b""
+            return b"", None
         request: dict[str, Any] = {
             "Bucket": self.bucket,
             "Key": self._object(key),
@@ -398,13 +432,14 @@ class S3Storage(Storage):
                 continue
             finally:
                 answer["Body"].close()
-            if len(data) != length:
-                total = answer.get("ContentRange", "").rpartition("/")[2]
+            total = answer.get("ContentRange", "").rpartition("/")[2]
+            size = int(total) if total.isdigit() else None
+            if len(data) != length and not (to_end and size == offset + len(data)):
                 raise CorruptData(
                     f"{self.describe(key)}: wanted {length} bytes at {offset}, "
                     f"the object has {total or 'fewer'} bytes"
                 )
-            return data
+            return data, size
         raise AssertionError("unreachable")
 
     # -- writes ---------------------------------------------------------------
