@@ -22,10 +22,10 @@ import zarr
 from zarr_checksum import compute_zarr_checksum
 from zarr_checksum.generators import S3ClientOptions, yield_files_local, yield_files_s3
 
-from shardfs.checksum import EMPTY_CHECKSUM, ChecksumTree, Digest, hashing, virtual
+from shardfs.checksum import EMPTY_CHECKSUM, ChecksumTree, Digest, hashing, stored_checksum, virtual
 from shardfs.checksum.digests import ChunkDigests
 from shardfs.cli import main
-from shardfs.maintenance import Progress
+from shardfs.maintenance import progress_bar
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, View
 from tests import test_mount_draft as draft_arrays
@@ -186,14 +186,25 @@ def test_bad_input_is_one_line(
     assert message in err and err.count("\n") == 1, err
 
 
-def test_progress_counts_files_and_bytes() -> None:
-    stream = io.StringIO()
-    with Progress("checksum", stream, unit="files", clock=lambda: 1.0) as progress:
-        progress.start(3, 3 << 20)
-        progress.advance(2, 1 << 20)
-        assert progress.line().endswith("2/3 files, 1.0/3.0 MiB")
-        progress.advance(1, 2 << 20)
-    assert stream.getvalue() == f"checksum  [{'#' * 30}] 3/3 files, 3.0/3.0 MiB, 0.0 s\n"
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_counts_files_while_the_walk_runs(tmp_path: Path) -> None:
+    """On a terminal the bar counts files from the first listing on, and ends with the
+    files and bytes hashed."""
+    eight = write_files(tmp_path / "eight", EIGHT)
+    storage = LocalStorage(eight)
+    stream = FakeTerminal()
+    with progress_bar("checksum", "files", stream, mininterval=0) as bar:
+        counts: list[int] = []
+        listed = storage.list
+        storage.list = lambda key: counts.append(bar.n) or listed(key)  # type: ignore[method-assign]
+        assert str(stored_checksum(storage, bar).digest()) == EIGHT_ROOT
+    assert counts[0] == 0 and counts[-1] > 0, counts
+    final = stream.getvalue().split("\r")[-1]
+    assert "8/8" in final and "197 B" in final and final.endswith("\n"), final
 
 
 # -- a source written by zarr-python 3 --------------------------------------------------

@@ -5,13 +5,17 @@ and `shardfs info`."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pty
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -613,13 +617,32 @@ def test_info_counts_the_dead_space_appends_leave(tmp_path: Path, source, capsys
     assert (usage.dead, usage.live) == (image["dead_bytes"], image["live_bytes"])
 
 
-def test_info_shows_a_progress_bar_for_many_shards(tmp_path: Path) -> None:
+def test_info_shows_a_progress_bar_on_a_terminal_only(tmp_path: Path) -> None:
+    """On a terminal the bar counts the shard indexes read and is erased when the report
+    follows; in a pipe there is none."""
     root = tmp_path / "many"
     zarr.create_array(root, shape=(16, 16), dtype="uint8", shards=(2, 2), chunks=(1, 1))[:] = 3
-    result = run("info", str(root))
-    assert result.returncode == 0, result.stderr
-    assert "info  [##############################] 64/64 shard indexes" in result.stderr
-    assert result.stdout.splitlines()[1].split()[6:8] == ["64", "256/256"]
+    piped = run("info", str(root))
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+    assert piped.stdout.splitlines()[1].split()[6:8] == ["64", "256/256"]
+    terminal, tty = pty.openpty()
+    fcntl.ioctl(tty, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    shown = b""
+    try:
+        command = [*SHARDFS, "info", str(root)]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=tty, text=True)
+        os.close(tty)
+        with contextlib.suppress(OSError):  # EIO: the child's end is closed, all is read
+            while chunk := os.read(terminal, 1 << 16):
+                shown += chunk
+        out, _ = child.communicate(timeout=120)
+    finally:
+        os.close(terminal)
+    assert child.returncode == 0 and out == piped.stdout
+    frames = shown.decode().split("\r")
+    assert any("listing" in frame for frame in frames), frames  # the walk, counted
+    assert any("/64 " in frame for frame in frames), frames  # then the shard indexes read
+    assert frames[-1].strip() == "", frames  # erased
 
 
 def test_info_refuses_what_it_does_not_describe(tmp_path: Path) -> None:

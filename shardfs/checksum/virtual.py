@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
+from tqdm import tqdm
 
 from shardfs.checksum.hashing import (
     PIECE,
@@ -29,7 +30,8 @@ from shardfs.checksum.hashing import (
 from shardfs.checksum.tree import ChecksumTree
 from shardfs.errors import CorruptData, SourceChanged
 from shardfs.formats.zarr_v2 import Transform
-from shardfs.maintenance.progress import Progress
+from shardfs.maintenance.progress import quiet, walked
+from shardfs.maintenance.report import format_size
 from shardfs.storage.base import Stat
 from shardfs.view.namespace import ArrayView, Namespace, Node
 
@@ -75,7 +77,7 @@ class _Files:
     """Every file of the view, found by walking its listings. Chunk files come in runs
     (see `Listing`), so they are added in bulk, with their extents in their shards."""
 
-    def __init__(self, namespace: Namespace) -> None:
+    def __init__(self, namespace: Namespace, progress: tqdm) -> None:
         self.ns = namespace
         self.paths: list[str] = []
         self.sizes: list[int] = []
@@ -85,6 +87,7 @@ class _Files:
         while pending:
             directory = pending.pop()
             listing = namespace.listing(directory)
+            listed = len(self.paths)
             for _, node, attr in listing.entries:
                 if attr.is_dir:
                     pending.append(node)
@@ -101,6 +104,7 @@ class _Files:
                 for i, (key, stat) in enumerate(run.shards):
                     mine = run.shard == i
                     self._add(self._shard(run.array, key, stat), run.extents[mine], indexes[mine])
+            progress.update(len(self.paths) - listed)
 
     def _shard(self, array: ArrayView, key: str, stat: Stat) -> _Shard:
         """The shard's record, made on first sight; its chunks must come from one version."""
@@ -188,10 +192,12 @@ def _hash_files(ns: Namespace, files: list[tuple[int, Node]]) -> _Hashed:
 
 
 def virtual_checksum(
-    namespace: Namespace, progress: Progress | None = None, workers: int | None = None
+    namespace: Namespace, progress: tqdm | None = None, workers: int | None = None
 ) -> ChecksumTree:
-    """The tree of every view file's digest; `progress` counts the files and bytes hashed."""
-    files = _Files(namespace)
+    """The tree of every view file's digest; `progress` counts the files listed, then the
+    files (and bytes) hashed."""
+    progress = quiet() if progress is None else progress
+    files = _Files(namespace, progress)
     gap = max(GAP, namespace.storage.request_cost)
     reads = [read for shard in files.shards.values() for read in _reads(shard, gap)]
     tasks: list[Callable[[], _Hashed]] = [
@@ -204,14 +210,15 @@ def virtual_checksum(
     ]
     digests = [""] * len(files.paths)
     sizes = files.sizes
-    if progress is not None:
-        progress.start(len(digests), sum(sizes))
+    walked(progress, len(digests))
+    done = 0
     for hashed in parallel(tasks, workers or default_workers(namespace.storage)):
         for index, digest, size in zip(hashed.indexes, hashed.digests, hashed.sizes, strict=True):
             digests[index] = digest
             sizes[index] = size
-        if progress is not None:
-            progress.advance(len(hashed.indexes), sum(hashed.sizes))
+        done += sum(hashed.sizes)
+        progress.set_postfix_str(format_size(done), refresh=False)
+        progress.update(len(hashed.indexes))
     tree = ChecksumTree()
     for path, digest, size in zip(files.paths, digests, sizes, strict=True):
         tree.add(path, digest, size)

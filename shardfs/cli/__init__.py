@@ -27,7 +27,14 @@ from shardfs.cli import checksum, info, logs
 from shardfs.cli.options import MountOptions, parse_options, parse_size
 from shardfs.errors import InvalidMetadata, ShardfsError, StorageError, UsageError
 from shardfs.fuse.mounts import is_stale, mount_type, open_lock, unmount, wait_for_daemon
-from shardfs.maintenance import DEFAULT_MIN_DEAD, DEFAULT_THRESHOLD, Policy, Progress, compact, fsck
+from shardfs.maintenance import (
+    DEFAULT_MIN_DEAD,
+    DEFAULT_THRESHOLD,
+    Policy,
+    compact,
+    fsck,
+    progress_bar,
+)
 from shardfs.storage import LocalStorage, Storage
 from shardfs.view.hierarchy import Hierarchy, open_hierarchy
 from shardfs.view.precomputed import PrecomputedSource, open_volume
@@ -591,7 +598,7 @@ def _fsck(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"shardfs: {e}", file=sys.stderr)
         return 2
-    with Progress("fsck", sys.stderr) as progress:
+    with progress_bar("fsck", "shards") as progress:
         report = fsck(storage, repair=not args.dry_run, progress=progress)
     if not args.dry_run:
         _tidy(storage)
@@ -616,7 +623,7 @@ def _compact(args: argparse.Namespace) -> int:
     except (UsageError, ValueError) as e:  # ValueError: Policy refuses the threshold
         print(f"shardfs: {e}", file=sys.stderr)
         return 2
-    with Progress("compact", sys.stderr) as progress:
+    with progress_bar("compact", "shards") as progress:
         report = compact(storage, policy, progress)
     _tidy(storage)
     print("\n".join(report.lines()))

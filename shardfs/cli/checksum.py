@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
+
+from tqdm import tqdm
 
 from shardfs.checksum import (
     EMPTY_CHECKSUM,
@@ -16,7 +17,7 @@ from shardfs.checksum import (
 )
 from shardfs.cli.options import MountOptions, add_option_argument, parse_options_for
 from shardfs.errors import ShardfsError, UsageError
-from shardfs.maintenance import Progress
+from shardfs.maintenance import progress_bar
 
 #: The `-o` options that mean something here: how to reach S3, and the index cache.
 OPTIONS = ("endpoint_url", "region", "profile", "anon", "timeout", "metadata_ttl", "index_cache")
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tree is not None:
         _check_empty(args.tree)
     try:
-        with Progress("checksum", sys.stderr, unit="files") as progress:
+        with progress_bar("checksum", "files") as progress:
             tree = _compute(args, options, progress)
     except ShardfsError as e:
         if not e.logged:
@@ -79,7 +80,7 @@ def _options(args: argparse.Namespace) -> MountOptions:
     return options
 
 
-def _compute(args: argparse.Namespace, options: MountOptions, progress: Progress) -> ChecksumTree:
+def _compute(args: argparse.Namespace, options: MountOptions, progress: tqdm) -> ChecksumTree:
     if args.virtual:
         from shardfs.cli import open_source  # here: shardfs.cli imports this module
         from shardfs.view import Namespace, View

@@ -8,7 +8,7 @@ import sys
 
 from shardfs.cli.options import add_option_argument, parse_options_for
 from shardfs.errors import UsageError
-from shardfs.maintenance import Progress
+from shardfs.maintenance import progress_bar
 from shardfs.maintenance.info import survey
 
 #: The `-o` options that mean something here: how to reach S3.
@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"shardfs: {e}", file=sys.stderr)
         return 2
-    with Progress("info", sys.stderr, unit="shard indexes") as progress:
+    # Not left on the terminal: the report follows.
+    with progress_bar("info", "shards", leave=False) as progress:
         report = survey(source.storage, progress)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))

@@ -13,7 +13,7 @@ from shardfs.maintenance.compact import (
     compact,
 )
 from shardfs.maintenance.fsck import FsckReport, fsck
-from shardfs.maintenance.progress import Progress
+from shardfs.maintenance.progress import progress_bar
 from shardfs.maintenance.scan import Inventory, find_shards
 
 __all__ = [
@@ -23,8 +23,8 @@ __all__ = [
     "FsckReport",
     "Inventory",
     "Policy",
-    "Progress",
     "compact",
     "find_shards",
     "fsck",
+    "progress_bar",
 ]

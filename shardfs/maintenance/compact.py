@@ -18,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
 from shardfs.errors import CorruptData, SourceChanged, StorageError
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.shard_write import whole_shard
 from shardfs.formats.zarr_v3 import ShardLevel
-from shardfs.maintenance.progress import Progress
+from shardfs.maintenance.progress import quiet, walked
 from shardfs.maintenance.report import format_size, table
 from shardfs.maintenance.scan import (
     ATTEMPTS,
@@ -119,15 +120,16 @@ class CompactReport:
 
 
 def compact(
-    storage: Storage, policy: Policy | None = None, progress: Progress | None = None
+    storage: Storage, policy: Policy | None = None, progress: tqdm | None = None
 ) -> CompactReport:
-    """Rewrite the shards of the source that `policy` wants; see the module docstring."""
+    """Rewrite the shards of the source that `policy` wants; see the module docstring.
+    `progress` counts the shards found, then those done."""
     policy = policy or Policy()
+    progress = quiet() if progress is None else progress
     reader = IndexReader(storage, repair=True)
-    inventory = find_shards(storage)
+    inventory = find_shards(storage, progress)
     report = CompactReport(skipped=inventory.skipped)
-    if progress is not None:
-        progress.start(inventory.shard_count)
+    walked(progress, inventory.shard_count)
     for array in inventory.arrays:
         done = ArrayCompaction(array.path, len(array.shards))
         for key in array.shards:
@@ -142,8 +144,7 @@ def compact(
                 report.corrupt.append(str(e))
             except StorageError as e:
                 report.failed.append(str(e))
-            if progress is not None:
-                progress.advance()
+            progress.update()
         report.arrays.append(done)
     report.recovery = reader.recovery
     return report

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tqdm import tqdm
+
 from shardfs.errors import CorruptData, StorageError
-from shardfs.maintenance.progress import Progress
+from shardfs.maintenance.progress import quiet, walked
 from shardfs.maintenance.report import format_size, table
 from shardfs.maintenance.scan import (
     IndexReader,
@@ -96,14 +98,15 @@ def _row(name: str, usage: ArrayUsage) -> list[str]:
     return [name, str(usage.shards), format_size(usage.live), format_size(usage.dead), dead]
 
 
-def fsck(storage: Storage, repair: bool = True, progress: Progress | None = None) -> FsckReport:
-    """Check every shard of the source; see the module docstring."""
+def fsck(storage: Storage, repair: bool = True, progress: tqdm | None = None) -> FsckReport:
+    """Check every shard of the source; see the module docstring. `progress` counts the
+    shards found, then those checked."""
+    progress = quiet() if progress is None else progress
     reader = IndexReader(storage, repair)
-    inventory = find_shards(storage)
+    inventory = find_shards(storage, progress)
     pending = [storage.describe(key) for key in reader.pending]
     report = FsckReport(skipped=inventory.skipped, pending=pending)
-    if progress is not None:
-        progress.start(inventory.shard_count)
+    walked(progress, inventory.shard_count)
     for array in inventory.arrays:
         usage = ArrayUsage(array.path, len(array.shards))
         for key in array.shards:
@@ -115,8 +118,7 @@ def fsck(storage: Storage, repair: bool = True, progress: Progress | None = None
                 report.unchecked.append(str(e))
             except (CorruptData, StorageError) as e:
                 report.damaged.append(str(e))
-            if progress is not None:
-                progress.advance()
+            progress.update()
         report.arrays.append(usage)
     report.recovery = reader.recovery
     return report

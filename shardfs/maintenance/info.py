@@ -16,13 +16,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from shardfs.errors import CorruptData, InvalidMetadata, StorageError
 from shardfs.formats import ome
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.zarr_v3 import ShardedLayout, Unshardable, plain_layout, sharded_layout
 from shardfs.maintenance.fsck import ArrayUsage
-from shardfs.maintenance.progress import Progress
+from shardfs.maintenance.progress import quiet, walked
 from shardfs.maintenance.report import format_size, table
 from shardfs.maintenance.scan import (
     IndexReader,
@@ -34,9 +35,6 @@ from shardfs.maintenance.scan import (
     shard_keys,
 )
 from shardfs.storage.base import Storage
-
-#: A progress bar is shown from this many shard indexes to read on.
-MANY_SHARDS = 64
 
 
 @dataclass
@@ -135,9 +133,10 @@ def _row(node: NodeInfo) -> list[str]:
     ]
 
 
-def survey(storage: Storage, progress: Progress | None = None) -> InfoReport:
-    """Describe every node of the source; see the module docstring. `progress` is started
-    only if there are at least MANY_SHARDS shard indexes to read."""
+def survey(storage: Storage, progress: tqdm | None = None) -> InfoReport:
+    """Describe every node of the source; see the module docstring. `progress` counts the
+    shards found, then the shard indexes read."""
+    progress = quiet() if progress is None else progress
     reader = IndexReader(storage, repair=False)
     nodes, skipped = find_nodes(storage)
     report = InfoReport(storage.describe(""), skipped=skipped)
@@ -145,13 +144,9 @@ def survey(storage: Storage, progress: Progress | None = None) -> InfoReport:
     report.ome = ome.describe({node.path: node.meta for node in nodes})
     arrays: list[tuple[NodeInfo, ShardedLayout, list[str]]] = []
     for node in nodes:
-        info = _describe(storage, node, report, arrays)
+        info = _describe(storage, node, report, arrays, progress)
         report.nodes.append(info)
-    total = sum(len(keys) for _, _, keys in arrays)
-    if progress is not None and total >= MANY_SHARDS:
-        progress.start(total)
-    else:
-        progress = None
+    walked(progress, sum(len(keys) for _, _, keys in arrays))
     for info, layout, keys in arrays:
         _read_indexes(reader, info, layout, keys, report, progress)
     return report
@@ -162,9 +157,10 @@ def _describe(
     node: NodeMeta,
     report: InfoReport,
     arrays: list[tuple[NodeInfo, ShardedLayout, list[str]]],
+    progress: tqdm,
 ) -> NodeInfo:
     """A node's NodeInfo from its metadata; the shards of a sharded array are added to
-    `arrays`, to be read afterwards."""
+    `arrays`, to be read afterwards (and counted by `progress`)."""
     meta = node.meta
     info = NodeInfo(node.path, meta["node_type"])
     if info.node_type != "array":
@@ -193,7 +189,7 @@ def _describe(
     info.shard_shape = list(layout.shard_shape)
     info.chunk_shape = list(layout.chunk_shape)
     info.grid_chunks = math.prod(layout.grid)
-    keys = shard_keys(storage, node.path, layout)
+    keys = shard_keys(storage, node.path, layout, progress)
     info.shards = len(keys)
     arrays.append((info, layout, keys))
     return info
@@ -205,7 +201,7 @@ def _read_indexes(
     layout: ShardedLayout,
     keys: list[str],
     report: InfoReport,
-    progress: Progress | None,
+    progress: tqdm,
 ) -> None:
     """Count the non-empty chunks and the live and dead bytes of one array's shards."""
     usage = ArrayUsage(info.path, len(keys))
@@ -221,8 +217,7 @@ def _read_indexes(
             report.unchecked.append(str(e))
         except (CorruptData, StorageError) as e:
             info.damaged.append(str(e))
-        if progress is not None:
-            progress.advance()
+        progress.update()
     # With nested sharding an outer entry is a sub-shard, not an inner chunk.
     info.chunks = None if len(layout.levels) > 1 else chunks
     info.stored_bytes, info.live_bytes, info.dead_bytes = usage.size, usage.live, usage.dead

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from shardfs.errors import (
     CorruptData,
@@ -30,6 +31,7 @@ from shardfs.formats.zarr_v3 import (
     parse_node,
     sharded_layout,
 )
+from shardfs.maintenance.progress import quiet
 from shardfs.storage.base import Entry, Stat, Storage
 from shardfs.view.hierarchy import ZarrV3, join, open_hierarchy
 
@@ -118,12 +120,14 @@ def find_nodes(storage: Storage) -> tuple[list[NodeMeta], list[Skipped]]:
     return nodes, skipped
 
 
-def find_shards(storage: Storage) -> Inventory:
-    """Every sharded array of the source's hierarchy with its shard keys, in path order.
+def find_shards(storage: Storage, progress: tqdm | None = None) -> Inventory:
+    """Every sharded array of the source's hierarchy with its shard keys, in path order;
+    `progress` counts the shards as they are found.
 
     Arrays whose metadata cannot be understood are skipped with the reason;
     unsharded arrays are left out (see `find_nodes`).
     """
+    progress = quiet() if progress is None else progress
     nodes, skipped = find_nodes(storage)
     arrays: list[ShardedArray] = []
     for node in nodes:
@@ -135,7 +139,8 @@ def find_shards(storage: Storage) -> Inventory:
             skipped.append(Skipped(node.path, str(e)))
             continue
         if layout is not None:
-            arrays.append(ShardedArray(node.path, layout, shard_keys(storage, node.path, layout)))
+            keys = shard_keys(storage, node.path, layout, progress)
+            arrays.append(ShardedArray(node.path, layout, keys))
     skipped.sort(key=lambda s: s.path)
     return Inventory(arrays, skipped)
 
@@ -161,28 +166,39 @@ def _list(storage: Storage, key: str) -> list[Entry]:
         return []
 
 
-def shard_keys(storage: Storage, path: str, layout: ShardedLayout) -> list[str]:
+def shard_keys(
+    storage: Storage, path: str, layout: ShardedLayout, progress: tqdm | None = None
+) -> list[str]:
     """The keys of the shard objects (or, for a layout of an unsharded array, the chunk
-    objects) below the array directory `path`, sorted."""
+    objects) below the array directory `path`, sorted; `progress` counts them as each
+    directory holding some is listed."""
     keys, ndim = layout.keys, layout.ndim
+    progress = quiet() if progress is None else progress
     if not keys.nested:
-        return sorted(
+        flat = [
             join(path, e.name)
             for e in _list(storage, path)
             if not e.stat.is_dir and keys.decode(e.name, ndim) is not None
-        )
+        ]
+        progress.update(len(flat))
+        return sorted(flat)
     # One directory level per axis (`c/<i>/<j>` or `<i>/<j>`): directories down to the
     # last axis, whose entries are the shards.
     top = keys.dir_path(())
     found = [join(path, top) if top else path]
     for depth in range(ndim):
         leaf = depth == ndim - 1
-        found = [
-            join(parent, e.name)
-            for parent in found
-            for e in _list(storage, parent)
-            if e.stat.is_dir != leaf and keys.component(e.name, depth) is not None
-        ]
+        below: list[str] = []
+        for parent in found:
+            listed = [
+                join(parent, e.name)
+                for e in _list(storage, parent)
+                if e.stat.is_dir != leaf and keys.component(e.name, depth) is not None
+            ]
+            if leaf:
+                progress.update(len(listed))
+            below += listed
+        found = below
     return sorted(found)
 
 
