@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from shardfs import __version__
-from shardfs.cli import checksum, info, logs
+from shardfs.cli import checksum, info, logs, stats
 from shardfs.cli.options import MountOptions, parse_options, parse_size
 from shardfs.errors import InvalidMetadata, ShardfsError, StorageError, UsageError
 from shardfs.fuse.mounts import is_stale, mount_type, open_lock, unmount, wait_for_daemon
@@ -144,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     checksum.add_parser(commands)
     info.add_parser(commands)
+    stats.add_parser(commands)
     return parser
 
 
@@ -161,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return checksum.run(args)
         if args.command == "info":
             return info.run(args)
+        if args.command == "stats":
+            return stats.run(args)
         return _umount(args.mountpoint)
     except ShardfsError as e:
         print(f"shardfs: {e}", file=sys.stderr)
@@ -421,6 +424,7 @@ def _run_daemon(
             on_ready=lambda: report("ready"),
             flush_interval=options.flush_interval,
             leftovers=_leftovers(view, options, args.source),
+            stats_interval=options.stats_interval,
         )
     except (ShardfsError, RuntimeError) as e:
         message = f"cannot mount {args.mountpoint}: {e}"

@@ -67,6 +67,8 @@ class MountOptions:
     #: S3 sources: where fetched bytes are kept across mounts (see storage.disk_cache)
     cache_dir: str | None = None
     cache_size: int = 10 << 30
+    #: seconds between the daemon's one-line summaries of `shardfs stats` in its log (0: none)
+    stats_interval: float = 0.0
     #: inodes of directories and other files (not chunks) the daemon keeps for the kernel
     inodes: int = 100_000
     #: read-only mounts: let the kernel serve re-reads and listings itself (needs the
@@ -186,6 +188,8 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 item = f"cache_dir={options.cache_dir}"
             elif name == "cache_size":
                 options.cache_size = parse_size(value)
+            elif name == "stats_interval":
+                options.stats_interval = _positive(name, value, float)
             elif name == "inodes":
                 options.inodes = int(_positive(name, value, int))
             elif name == "cache_timeout":

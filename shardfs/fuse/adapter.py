@@ -16,7 +16,8 @@ import itertools
 import logging
 import os
 import stat
-from collections import OrderedDict
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -144,21 +145,29 @@ def errno_for(error: ShardfsError) -> int:
 def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """Map exceptions to FUSEError at the boundary, logging what the user must see."""
 
+    name = handler.__name__
+
     @functools.wraps(handler)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        requests, errors = args[0].requests, args[0].errors  # type: ignore[attr-defined]
+        requests[name] += 1
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s%r", handler.__name__, args[1:])
+            log.debug("%s%r", name, args[1:])
         try:
             return await handler(*args, **kwargs)
-        except pyfuse3.FUSEError:
+        except pyfuse3.FUSEError as e:
+            if e.errno != errno.ENOSYS:  # kernel-served mounts answer it on purpose
+                errors[errno.errorcode.get(e.errno, str(e.errno))] += 1
             raise
         except ShardfsError as e:
             code = errno_for(e)
+            errors[errno.errorcode.get(code, str(code))] += 1
             if code in (errno.EIO, errno.EINVAL) and not e.logged:
-                log.error("%s: %s", handler.__name__, e)
+                log.error("%s: %s", name, e)
             raise pyfuse3.FUSEError(code) from None
         except Exception:
-            log.exception("%s%r failed unexpectedly", handler.__name__, args[1:])
+            errors["EIO"] += 1
+            log.exception("%s%r failed unexpectedly", name, args[1:])
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return wrapper
@@ -255,6 +264,21 @@ class Operations(pyfuse3.Operations):
         )
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
+        #: FUSE requests by handler, and error replies by errno, for `shardfs stats`
+        self.requests: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.started = time.time()
+
+    def stats(self) -> dict[str, Any]:
+        """Everything `shardfs stats` shows: the view's figures and the kernel's requests."""
+        return {
+            "uptime": time.time() - self.started,
+            "fuse": {
+                "requests": dict(sorted(self.requests.items())),
+                "errors": dict(sorted(self.errors.items())),
+            },
+            **self.view.stats(),
+        }
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a core call inline if it needs no waiting I/O, else in a worker thread."""

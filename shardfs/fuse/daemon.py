@@ -20,6 +20,7 @@ import pyfuse3
 import trio
 
 from shardfs.errors import ShardfsError
+from shardfs.fuse import control
 from shardfs.fuse.adapter import MountConfig, Operations
 from shardfs.fuse.mounts import DaemonLock, mount_type
 from shardfs.fuse.notify import notify
@@ -49,6 +50,12 @@ async def _commit_loop(workspace: Workspace, interval: float) -> None:
             await trio.to_thread.run_sync(committer.commit_due, age)
 
 
+async def _log_stats(operations: Operations, interval: float) -> None:
+    while True:
+        await trio.sleep(interval)
+        log.info("stats: %s", control.summary(operations.stats()))
+
+
 def serve(
     view: Namespace | Workspace | PrecomputedNamespace,
     mountpoint: str,
@@ -57,6 +64,7 @@ def serve(
     on_ready: Callable[[], None] | None = None,
     flush_interval: float = 5.0,
     leftovers: Leftovers | None = None,
+    stats_interval: float = 0.0,
 ) -> str:
     """Mount `view` at `mountpoint` and serve it until it is unmounted.
 
@@ -64,12 +72,16 @@ def serve(
     mountpoint went through the kernel to this process and back); systemd is
     told then too. SIGTERM and SIGINT unmount cleanly. A workspace commits
     every `flush_interval` seconds and, after the unmount, everything still
-    buffered; what fails is kept in `leftovers`. Returns "" if all went well,
+    buffered; what fails is kept in `leftovers`. The figures of `shardfs stats`
+    are served on the control socket, and logged every `stats_interval` seconds
+    if that is not 0. Returns "" if all went well,
     else what could not be committed. Raises RuntimeError if the kernel refuses
     the mount.
     """
     operations = Operations(view, config)
     lock = DaemonLock(mountpoint)
+    # Named before the mount: naming it resolves the mountpoint, which would then ask us.
+    control_path = control.socket_path(mountpoint)
     try:
         pyfuse3.init(operations, mountpoint, fuse_options)
     except BaseException:
@@ -104,6 +116,9 @@ def serve(
             nursery.start_soon(fuse_loop)
             nursery.start_soon(report_ready)
             nursery.start_soon(watch_signals)
+            nursery.start_soon(control.serve, control_path, operations.stats)
+            if stats_interval:
+                nursery.start_soon(_log_stats, operations, stats_interval)
             if isinstance(view, Workspace):
                 nursery.start_soon(_commit_loop, view, flush_interval)
 

@@ -9,11 +9,13 @@ above this layer knows which backend it talks to.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 
 class _Absent(Enum):
@@ -47,6 +49,52 @@ class Stat:
 class Entry:
     name: str
     stat: Stat
+
+
+class RequestCounts:
+    """The requests a store was sent, by kind, and the bytes they moved: what `shardfs
+    stats` shows of a source. Thread-safe: the view's worker threads share a store."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.kinds: Counter[str] = Counter()
+        #: failed answers by status or error name (a request retried and then answered
+        #: counts once per failed attempt)
+        self.errors: Counter[str] = Counter()
+        self.retries = 0
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    def add(self, kind: str, read: int = 0, written: int = 0) -> None:
+        with self._lock:
+            self.kinds[kind] += 1
+            self.bytes_read += read
+            self.bytes_written += written
+
+    def moved(self, read: int = 0, written: int = 0) -> None:
+        """Bytes of a request already counted (a body read after its answer came)."""
+        with self._lock:
+            self.bytes_read += read
+            self.bytes_written += written
+
+    def failed(self, error: str, retries: int = 0) -> None:
+        with self._lock:
+            self.errors[error] += 1
+            self.retries += retries
+
+    def retried(self, retries: int) -> None:
+        with self._lock:
+            self.retries += retries
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "requests": dict(sorted(self.kinds.items())),
+                "bytes_read": self.bytes_read,
+                "bytes_written": self.bytes_written,
+                "errors": dict(sorted(self.errors.items())),
+                "retries": self.retries,
+            }
 
 
 class Pin:
@@ -121,6 +169,13 @@ class Storage(ABC):
     #: large where each request has a round trip (an object store). Readers
     #: above merge nearby ranges and read ahead only when this is not 0.
     request_cost: int = 0
+
+    #: What the store was asked (each backend makes its own in `__init__`).
+    counts: RequestCounts
+
+    def stats(self) -> dict[str, Any]:
+        """Requests, bytes, errors, and the store's own caches, for `shardfs stats`."""
+        return self.counts.snapshot()
 
     @abstractmethod
     def stat(self, key: str) -> Stat | None:

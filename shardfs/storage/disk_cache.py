@@ -33,6 +33,7 @@ Choices:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -40,7 +41,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import crc32c
 import diskcache
@@ -64,7 +64,7 @@ _HEADER = struct.Struct("<IQ")
 Fetch = Callable[[int, int], tuple[bytes, int]]
 
 
-@dataclass
+@dataclasses.dataclass
 class DiskCacheStats:
     hits: int = 0
     misses: int = 0
@@ -189,9 +189,16 @@ class DiskCache:
             stats.bytes_read += bytes_read
             stats.bytes_written += bytes_written
 
-    def volume(self) -> int:
-        """Bytes the cache takes on disk (its values and its index)."""
-        return int(self._cache.volume())
+    def snapshot(self) -> dict[str, int]:
+        """Its figures for `shardfs stats` (blocks hit and missed, bytes each way)."""
+        with self._lock:
+            stats = dataclasses.asdict(self.stats)
+        try:
+            stats["used"] = int(self._cache.volume())
+        except (OSError, sqlite3.Error, diskcache.Timeout):
+            stats["used"] = -1
+        stats["budget"] = self.size
+        return stats
 
 
 def _runs(indexes: list[int]) -> list[tuple[int, int]]:

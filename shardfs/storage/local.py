@@ -22,7 +22,7 @@ from pathlib import Path
 
 from shardfs.errors import CorruptData, NotADirectory, NotFound, SourceChanged, StorageError
 from shardfs.storage import journal
-from shardfs.storage.base import ABSENT, Entry, Pin, Stat, Storage
+from shardfs.storage.base import ABSENT, Entry, Pin, RequestCounts, Stat, Storage
 from shardfs.storage.blocking import WouldBlock, check_may_block, may_block
 
 log = logging.getLogger("shardfs")
@@ -102,6 +102,7 @@ class _FilePin(Pin):
         except OSError as e:
             code = errno.errorcode.get(e.errno, "?")
             raise StorageError(f"{self.storage.describe(self.key)}: read failed ({code})") from None
+        self.storage.counts.add("read", read=len(data))
         if not _same_content(st, self.stat):
             # Checked after the read, so that a change during it is seen too.
             grown = st.st_size >= self.stat.size and offset + length <= self.stat.size
@@ -139,6 +140,7 @@ class LocalStorage(Storage):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
+        self.counts = RequestCounts()
         self._journal = journal.Journal(self.root)
         self._paths: dict[str, str] = {}
         self._names: dict[str, tuple[tuple[int, ...], list[str]]] = {}
@@ -159,6 +161,7 @@ class LocalStorage(Storage):
     def stat(self, key: str) -> Stat | None:
         if _is_private(key):
             return None
+        self.counts.add("stat")
         try:
             st = os.lstat(self._path(key))  # symlinks are not part of the source
         except (FileNotFoundError, NotADirectoryError):
@@ -170,6 +173,7 @@ class LocalStorage(Storage):
         return _stat_of(st)
 
     def list(self, key: str) -> list[Entry]:
+        self.counts.add("list")
         known = self._names.get(key)
         if known is not None:
             entries = self._list_known(key, *known)
@@ -245,6 +249,7 @@ class LocalStorage(Storage):
             raise StorageError(f"{self.describe(key)}: read failed ({code})") from None
         finally:
             os.close(fd)
+        self.counts.add("read", read=len(data))
         if len(data) != length:
             raise CorruptData(
                 f"{self.describe(key)}: wanted {length} bytes at {offset}, file has only {len(data)}"
@@ -281,6 +286,7 @@ class LocalStorage(Storage):
 
     def put(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
         with self._writing(key) as path:
+            self.counts.add("put", written=sum(memoryview(p).nbytes for p in parts))
             self._journal.sync()
             self._expect(key, self._version(key, path), expect)
             journal.makedirs_durably(os.path.dirname(path))
@@ -301,6 +307,7 @@ class LocalStorage(Storage):
             self._expect(key, self._version(key, path), expect)
             if expect is ABSENT:
                 raise NotFound(key)
+            self.counts.add("append", written=sum(memoryview(p).nbytes for p in parts))
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 return self._append_locked(key, path, fd, journal.byte_views(parts), expect)
@@ -338,6 +345,7 @@ class LocalStorage(Storage):
 
     def delete(self, key: str, expect: Hashable) -> None:
         with self._writing(key) as path:
+            self.counts.add("delete")
             self._journal.sync()
             current = self._version(key, path)
             self._expect(key, current, expect)

@@ -56,7 +56,7 @@ from shardfs.errors import (
     StorageError,
     UsageError,
 )
-from shardfs.storage.base import ABSENT, Entry, Stat, Storage
+from shardfs.storage.base import ABSENT, Entry, RequestCounts, Stat, Storage
 from shardfs.storage.blocking import check_may_block, may_block
 from shardfs.storage.disk_cache import DiskCache
 
@@ -81,6 +81,14 @@ PROBE_DIR = ".shardfs"
 #: The ETag the delete probe names to be refused: not its object's (the MD5 of its body).
 _WRONG_ETAG = '"' + "0" * 32 + '"'
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+#: The kinds `shardfs stats` counts requests by (the others by their operation's name).
+_KINDS = {
+    "GetObject": "GET",
+    "ListObjectsV2": "LIST",
+    "HeadObject": "HEAD",
+    "PutObject": "PUT",
+    "DeleteObject": "DELETE",
+}
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -136,17 +144,25 @@ class _MetadataCache:
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[str, str], tuple[float, Any, int]] = OrderedDict()
         self._used = 0
+        self.hits = self.misses = 0
 
     def get(self, kind: str, key: str) -> Any:
         with self._lock:
             item = self._items.get((kind, key))
-            if item is None:
-                return None
-            if item[0] < time.monotonic():
+            if item is not None and item[0] < time.monotonic():
                 self._drop((kind, key))
+                item = None
+            if item is None:
+                self.misses += 1
                 return None
+            self.hits += 1
             self._items.move_to_end((kind, key))
             return item[1]
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            used = self._used
+            return {"hits": self.hits, "misses": self.misses, "used": used, "budget": self.budget}
 
     def put(self, kind: str, key: str, value: Any, cost: int) -> None:
         if cost > self.budget:
@@ -222,6 +238,9 @@ class S3Storage(Storage):
         except botocore.exceptions.BotoCoreError as e:
             raise UsageError(f"s3://{bucket}: {e}") from None
         self._cache = _MetadataCache(config.listing_cache, config.metadata_ttl)
+        self.counts = RequestCounts()
+        self._s3.meta.events.register("before-send.s3", self._sending)
+        self._s3.meta.events.register("needs-retry.s3", self._answered)
         #: Whether DeleteObject honours If-Match here (None: not found out yet; see `delete`).
         self._deletes_conditional: bool | None = None
         self._probe_lock = threading.Lock()
@@ -426,12 +445,15 @@ class S3Storage(Storage):
             try:
                 data = answer["Body"].read()
             except (botocore.exceptions.BotoCoreError, OSError) as e:
+                self.counts.failed(type(e).__name__)
                 if attempt + 1 == BODY_ATTEMPTS:
                     raise StorageError(f"{self.describe(key)}: read failed: {e}") from None
+                self.counts.retried(1)
                 _backoff(attempt)
                 continue
             finally:
                 answer["Body"].close()
+            self.counts.moved(read=len(data))
             total = answer.get("ContentRange", "").rpartition("/")[2]
             size = int(total) if total.isdigit() else None
             if len(data) != length and not (to_end and size == offset + len(data)):
@@ -447,6 +469,7 @@ class S3Storage(Storage):
     def put(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
         check_may_block()
         body = b"".join(parts)
+        self.counts.moved(written=len(body))
         request: dict[str, Any] = {"Bucket": self.bucket, "Key": self._object(key), "Body": body}
         request.update(self._condition(expect))
         answer = self._call("write", key, lambda: self._s3.put_object(**request), expect)
@@ -486,6 +509,7 @@ class S3Storage(Storage):
 
     def _append_multipart(self, key: str, current: Stat, tail: bytes) -> Stat:
         """The object copied server-side, then `tail`, as one new version, if still `current`."""
+        self.counts.moved(written=len(tail))
         target = {"Bucket": self.bucket, "Key": self._object(key)}
         upload = self._call("write", key, lambda: self._s3.create_multipart_upload(**target))
         upload_id = upload["UploadId"]
@@ -763,6 +787,31 @@ class S3Storage(Storage):
         return sorted({upload["Key"][len(base) :] for upload in self._uploads()})
 
     # -- requests -------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.counts.snapshot()
+        stats["caches"] = {"s3 listings": self._cache.snapshot()}
+        if self.disk_cache is not None:
+            stats["caches"]["disk"] = self.disk_cache.snapshot()
+        return stats
+
+    # -- what was asked: botocore's events see every HTTP request, retries included --------
+
+    def _sending(self, request: Any, event_name: str, **_: Any) -> None:
+        operation = event_name.rpartition(".")[2]
+        if operation == "GetObject" and "Range" in request.headers:
+            kind = "GET range"
+        else:
+            kind = _KINDS.get(operation, operation)
+        self.counts.add(kind)
+        if request.context.get("retries", {}).get("attempt", 1) > 1:
+            self.counts.retried(1)
+
+    def _answered(self, response: Any, caught_exception: Any, **_: Any) -> None:
+        if caught_exception is not None:
+            self.counts.failed(type(caught_exception).__name__)
+        elif response is not None and response[0].status_code >= 400:
+            self.counts.failed(str(response[0].status_code))
 
     def _call(
         self, what: str, key: str, request: Callable[[], T], version: Hashable | None = None

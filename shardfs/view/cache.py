@@ -63,6 +63,18 @@ class LruCache(Generic[V]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def snapshot(self) -> dict[str, int]:
+        """Its figures for `shardfs stats`: hits, misses (loads), evictions, bytes used."""
+        with self._lock:
+            stats = self.stats
+            return {
+                "hits": stats.hits,
+                "misses": stats.loads,
+                "evictions": stats.evictions,
+                "used": self.used,
+                "budget": self.budget,
+            }
+
     def get(self, key: Hashable, load: Callable[[], V]) -> V:
         with self._lock:
             item = self._items.get(key)

@@ -37,6 +37,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import replace
 from enum import Enum
+from typing import Any
 
 import crc32c
 import numpy as np
@@ -372,6 +373,24 @@ class Namespace(Resolves):
         )
         self._shard_keys: dict[tuple[str, Hashable, tuple[int, ...]], str] = {}
         self._snapshots = threading.local()
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for `shardfs stats`: what the source was asked, and each cache's."""
+        source = self.storage.stats()
+        ahead = self.read_ahead
+        caches = {
+            "shard indexes": self.indexes.snapshot(),
+            "listings": self.listings.snapshot(),
+            "metadata": self.nodes.snapshot(),
+            "documents": self.documents.snapshot(),
+            "read-ahead": {
+                **ahead.cache.snapshot(),
+                "fetches": ahead.fetches,
+                "prefetched": ahead.prefetched,
+            },
+            **source.pop("caches", {}),
+        }
+        return {"source": source, "caches": caches}
 
     # -- classification ---------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -159,6 +159,16 @@ class PrecomputedNamespace(Resolves):
         raise StorageError(f"{self.storage.describe(key)} keeps changing while it is read")
 
     # -- classification ----------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for `shardfs stats`: what the source was asked, and each cache's."""
+        source = self.storage.stats()
+        caches = {
+            "shard indexes": self.indexes.snapshot(),
+            "metadata": self.volumes.snapshot(),
+            **source.pop("caches", {}),
+        }
+        return {"source": source, "caches": caches}
 
     def root(self) -> Node:
         stat = self.storage.stat("")

@@ -76,8 +76,21 @@ class Committer:
         self._backoff: dict[ShardRef, float] = {}
         self.appends = 0  #: shard appends done (for benchmarks and tests)
         self.rewrites = 0  #: whole shards or chunk objects written
+        #: chunks stored (or deleted) by commits, and the bytes of those stored
+        self.chunks = 0
+        self.chunk_bytes = 0
         #: told about every commit (see `CommitObserver`)
         self.observers: list[CommitObserver] = []
+
+    def snapshot(self) -> dict[str, int]:
+        """Its figures for `shardfs stats`."""
+        with self._guard:
+            return {
+                "appends": self.appends,
+                "rewrites": self.rewrites,
+                "chunks": self.chunks,
+                "chunk_bytes": self.chunk_bytes,
+            }
 
     # -- readers ---------------------------------------------------------------------
 
@@ -117,6 +130,9 @@ class Committer:
                     observer.storing(ref, chunks)
                 data = {self._slot(array, coords): d for coords, d in chunks.items()}
                 self._store(array, ref[1], data)
+                with self._guard:
+                    self.chunks += len(data)
+                    self.chunk_bytes += sum(memoryview(d).nbytes for d in data.values() if d)
             self.overlay.committed(ref, done)
             for observer in self.observers:
                 observer.stored(ref, list(done))

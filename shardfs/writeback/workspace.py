@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -117,6 +118,10 @@ class Workspace:
             self._mutating.release()
 
     # -- reading ------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The view's figures (`Namespace.stats`), and the commits of this mount."""
+        return {**self.ns.stats(), "commits": self.committer.snapshot()}
 
     def root(self) -> Node:
         return self.ns.root()

@@ -1,0 +1,80 @@
+"""`shardfs stats MOUNTPOINT`: what a mount has done since it started, read from its daemon.
+
+The figures come over the daemon's control socket (`shardfs.fuse.control`): asking
+costs no request to the source and none through the mount.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from shardfs.fuse.control import hit_rate, query, socket_path
+from shardfs.fuse.mounts import mount_type
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "stats",
+        help="print what the mount at MOUNTPOINT has done since it started",
+        description=(
+            "Print the figures of the daemon serving MOUNTPOINT since it started: requests "
+            "to the source by kind and the bytes they moved, errors and retries, the hit "
+            "rates of each cache (shard indexes, listings, metadata, read-ahead, the disk "
+            "cache), FUSE requests by kind, and the commits of a read-write mount. Sends no "
+            "request to the source. Exit status: 0 done, 1 no shardfs mount answered."
+        ),
+    )
+    parser.add_argument("mountpoint")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    if mount_type(args.mountpoint) != "fuse.shardfs":
+        print(f"shardfs: {args.mountpoint} is not a shardfs mount", file=sys.stderr)
+        return 1
+    try:
+        stats = query(args.mountpoint)
+    except (OSError, ValueError) as e:
+        print(
+            f"shardfs: the daemon of {args.mountpoint} does not answer at "
+            f"{socket_path(args.mountpoint)}: {e}",
+            file=sys.stderr,
+        )
+        return 1
+    if not stats:
+        print(f"shardfs: the daemon of {args.mountpoint} could not gather its figures "
+              "(its log says why)", file=sys.stderr)  # fmt: skip
+        return 1
+    print(json.dumps(stats, indent=2) if args.json else "\n".join(lines(stats)))
+    return 0
+
+
+def lines(stats: dict[str, Any]) -> list[str]:
+    """The figures as a report for people."""
+    source, fuse = stats["source"], stats["fuse"]
+    out = [f"up {stats['uptime']:.0f} s", "", "source requests:"]
+    out += [f"  {kind:<24} {n:>12}" for kind, n in source["requests"].items()] or ["  none"]
+    out += [
+        f"  {'bytes read':<24} {source['bytes_read']:>12}",
+        f"  {'bytes written':<24} {source['bytes_written']:>12}",
+        f"  {'retries':<24} {source['retries']:>12}",
+    ]
+    out += [f"  error {error:<18} {n:>12}" for error, n in source["errors"].items()]
+    out += ["", f"  {'cache':<24} {'hits':>12} {'misses':>12} {'hit rate':>9} {'used':>14}"]
+    for name, figures in stats["caches"].items():
+        used = f"{figures.get('used', 0)}/{figures.get('budget', 0)}"
+        out.append(
+            f"  {name:<24} {figures['hits']:>12} {figures['misses']:>12} "
+            f"{hit_rate(figures):>9} {used:>14}"
+        )
+    out += ["", "FUSE requests:"]
+    out += [f"  {kind:<24} {n:>12}" for kind, n in fuse["requests"].items()]
+    out += [f"  error {error:<18} {n:>12}" for error, n in fuse["errors"].items()]
+    commits = stats.get("commits")
+    if commits is not None:
+        out += ["", "commits:"]
+        out += [f"  {name:<24} {n:>12}" for name, n in commits.items()]
+    return out
