@@ -27,6 +27,14 @@ storage tries it out on a private object of its own (see
 object (with `If-Match`) and deletes it unconditionally only if it is still
 the expected version, which leaves one round trip in which another writer's
 new version would be lost.
+
+Anybody who can write to the bucket can store a key that no path can hold:
+one with a `.`, `..` or empty segment, a name longer than NAME_MAX or a path
+longer than PATH_MAX, or a `dir/` key with data in it. Such a key is left
+out of the view with one warning per mount (see `_leave_out`), so that one
+odd object cannot stop a mount of everything else. Where a name is both an
+object and a directory (`a/b` and `a/b/c`), the directory wins: it may hold
+whole arrays, the object is one file.
 """
 
 from __future__ import annotations
@@ -189,6 +197,61 @@ def _parent(key: str) -> tuple[str, str]:
     return parent, name
 
 
+#: The longest file name Linux takes (NAME_MAX), in bytes.
+NAME_MAX = 255
+#: The longest path Linux takes (PATH_MAX), in bytes with its closing NUL.
+PATH_MAX = 4096
+#: Why an object is left out whose name is also a directory.
+_SHADOWED = "its name is also a directory (keys below it), which is shown instead"
+
+
+def _bad_name(name: str) -> str | None:
+    """Why `name` can be the name of no file or directory, or None."""
+    if name in (".", ".."):
+        return f"{name!r} cannot be a file name"
+    if not name:
+        return "an empty name (a '/' first or two '/' in a row)"
+    if "\0" in name:
+        return "a NUL character cannot be in a file name"
+    return None
+
+
+def _unfit(name: str, depth: int) -> str | None:
+    """Why no path can hold `name` as an entry of a directory whose path below the prefix,
+    with a `/` after it, is `depth` bytes long; None if one can."""
+    why = _bad_name(name)
+    if why is not None:
+        return why
+    size = len(name.encode())
+    if size > NAME_MAX:
+        return f"a name of {size} bytes, longer than the {NAME_MAX} a file name can have"
+    if depth + size >= PATH_MAX:
+        return f"a path of {depth + size} bytes, longer than the {PATH_MAX - 1} a path can have"
+    return None
+
+
+def _unfit_path(path: str) -> str | None:
+    """Why no path can hold `path` (below the prefix), or None if one can."""
+    depth = 0
+    for name in path.split("/"):
+        why = _unfit(name, depth)
+        if why is not None:
+            return why
+        depth += len(name.encode()) + 1
+    return None
+
+
+def _depth(key: str) -> int:
+    """The `depth` (see `_unfit`) of the entries of directory `key`."""
+    return len(key.encode()) + 1 if key else 0
+
+
+def _past(last: str, below: str) -> bool:
+    """Whether a listing in key order that reached key `last` went past every key that
+    starts with `below`."""
+    return last > below and not last.startswith(below)
+
+
 def _code(error: botocore.exceptions.ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
@@ -222,6 +285,14 @@ class S3Storage(Storage):
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
+        for name in self.prefix.split("/") if self.prefix else ():
+            why = _bad_name(name)
+            if why is not None:
+                raise UsageError(
+                    f"s3://{bucket}/{self.prefix}: the prefix cannot be a directory: {why}; "
+                    "S3 takes keys as written and resolves no '.' or '..', so name the prefix "
+                    "as its keys spell it"
+                )
         self.config = config = config or S3Config()
         #: Where bytes of object versions are kept across mounts (`-o cache_dir`), if anywhere.
         self.disk_cache = disk_cache
@@ -246,13 +317,22 @@ class S3Storage(Storage):
         self._probe_lock = threading.Lock()
         #: Directories have no mtime in S3: they show the time the source was opened.
         self._dir_stat = Stat(True, 0, time.time_ns(), _DIR_VERSION)
+        #: The keys left out of the view and logged, and the prefixes whose keys were.
+        self._left_out: set[str] = set()
+        self._left_out_below: set[str] = set()
+        self._left_out_lock = threading.Lock()
 
     # -- naming -------------------------------------------------------------
 
     def _object(self, key: str) -> str:
-        if key.startswith("/") or ".." in key.split("/"):
-            raise NotFound(key)
-        return f"{self.prefix}/{key}" if self.prefix and key else self.prefix or key
+        """The S3 key of `key`. A name that no path can hold is not in the view: no request
+        is made for it, so nothing (`..` above all) reaches outside the prefix or at a key
+        the view leaves out."""
+        whole = f"{self.prefix}/{key}" if self.prefix and key else self.prefix or key
+        why = _unfit_path(key) if key else None
+        if why is not None:
+            raise NotFound(f"s3://{self.bucket}/{whole}: not in the view: {why}")
+        return whole
 
     def _dir_prefix(self, key: str) -> str:
         whole = self._object(key)
@@ -269,6 +349,8 @@ class S3Storage(Storage):
     def stat(self, key: str) -> Stat | None:
         if not key:
             return self._dir_stat
+        if _unfit_path(key) is not None:
+            return None  # not in the view (`/x` would otherwise be answered as `x`)
         parent, name = _parent(key)
         listing = self._cache.get("list", parent)
         if listing is not None and (name in listing.entries or listing.complete):
@@ -280,9 +362,7 @@ class S3Storage(Storage):
         listing = self._listing(parent, first_page_only=True)
         if name in listing.entries or listing.complete:
             return listing.entries.get(name)
-        stat = self._head(key)  # a directory too big to list for one stat
-        if stat is None and self._is_dir(key):
-            stat = self._dir_stat
+        stat = self._probe(key)  # a directory too big to list for one stat
         self._cache.put("stat", key, (stat,), 200)
         return stat
 
@@ -304,12 +384,14 @@ class S3Storage(Storage):
 
         The first request lists the whole subtree (no delimiter): a sharded
         tree holds few objects, so one page usually answers every directory
-        below `key` as well, instead of one LIST per directory level.
+        below `key` as well, instead of one LIST per directory level. Names
+        that no path can hold are left out (see `_leave_out`).
         """
         listing = self._list_tree(key)
         if listing.complete or first_page_only:
             return listing
         prefix = self._dir_prefix(key)
+        depth = _depth(key)
         entries: dict[str, Stat] = {}
         token: str | None = None
         while True:
@@ -323,12 +405,23 @@ class S3Storage(Storage):
                 request["ContinuationToken"] = token
             page = self._call("list", key, lambda r=request: self._s3.list_objects_v2(**r))
             for common in page.get("CommonPrefixes", ()):
-                name = common["Prefix"][len(prefix) :].rstrip("/")
-                if name:
-                    entries[name] = self._dir_stat
+                name = common["Prefix"][len(prefix) : -1]
+                why = _unfit(name, depth)
+                if why is not None:
+                    self._leave_out_below(key, common["Prefix"], why)
+                    continue
+                if name in entries:  # an object of that name, on an earlier page
+                    self._leave_out(f"{prefix}{name}", _SHADOWED)
+                entries[name] = self._dir_stat
             for item in page.get("Contents", ()):
                 name = item["Key"][len(prefix) :]
-                if name and "/" not in name:  # "dir/" itself is a console's folder marker
+                if not name:  # "dir/" itself
+                    self._folder_marker(item)
+                elif (why := _unfit(name, depth)) is not None:
+                    self._leave_out(item["Key"], why)
+                elif name in entries:  # a directory
+                    self._leave_out(item["Key"], _SHADOWED)
+                else:
                     entries[name] = self._object_stat(item)
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
@@ -347,28 +440,108 @@ class S3Storage(Storage):
         truncated = bool(page.get("IsTruncated"))
         listings: dict[str, dict[str, Stat]] = {key: {}}
         for item in contents:
-            directory = key
-            parts = item["Key"][len(prefix) :].split("/")
-            for i, part in enumerate(parts):
-                if not part:  # an empty component: nothing below it can be shown
-                    break
-                if i == len(parts) - 1:
-                    listings[directory][part] = self._object_stat(item)  # a file wins a name
-                else:
-                    listings[directory].setdefault(part, self._dir_stat)
-                    directory = f"{directory}/{part}" if directory else part
-                    listings.setdefault(directory, {})
+            self._place(item, key, prefix, listings)
         last = contents[-1]["Key"] if contents else ""
         for directory, entries in listings.items():
             below = self._dir_prefix(directory)
             # Keys come in order, so a directory is whole once the page went past it.
-            complete = not truncated or (
-                directory != key and last > below and not last.startswith(below)
-            )
+            complete = not truncated or (directory != key and _past(last, below))
+            if directory == key and not complete:
+                # An object is not known to be a file while the next page may hold its directory.
+                entries = {
+                    n: s for n, s in entries.items() if s.is_dir or _past(last, f"{below}{n}/")
+                }
+                listings[directory] = entries
             if complete or directory == key:
                 listing = _Listing(entries, complete)
                 self._cache.put("list", directory, listing, listing.cost)
         return self._cache.get("list", key) or _Listing(listings[key], not truncated)
+
+    def _place(
+        self, item: dict[str, Any], key: str, prefix: str, listings: dict[str, dict[str, Stat]]
+    ) -> None:
+        """Enter object `item`, from a listing of directory `key` (S3 prefix `prefix`), in
+        `listings`: its name in its directory's, the directories it lies below in theirs.
+        A name that no path can hold ends that (the directories before it stay, as a
+        listing with a delimiter shows them); an object yields to a directory of its name."""
+        directory, depth = key, _depth(key)
+        names = item["Key"][len(prefix) :].split("/")
+        for i, name in enumerate(names):
+            last = i == len(names) - 1
+            if last and not name:  # "dir/"
+                self._folder_marker(item)
+                return
+            why = _unfit(name, depth)
+            if why is not None:
+                self._leave_out(item["Key"], why)
+                return
+            entries = listings[directory]
+            if last:
+                if name in entries:  # a directory
+                    self._leave_out(item["Key"], _SHADOWED)
+                else:
+                    entries[name] = self._object_stat(item)
+                return
+            path = f"{directory}/{name}" if directory else name
+            if name in entries and not entries[name].is_dir:
+                self._leave_out(self._object(path), _SHADOWED)
+            entries[name] = self._dir_stat
+            listings.setdefault(path, {})
+            directory, depth = path, depth + len(name.encode()) + 1
+
+    def _folder_marker(self, item: dict[str, Any]) -> None:
+        """A `dir/` key is a console's folder marker, not shown; one with data is logged."""
+        if item["Size"]:
+            self._leave_out(
+                item["Key"],
+                f"it ends in '/', so it names a directory, which cannot hold its "
+                f"{item['Size']} bytes",
+            )
+
+    def _leave_out(self, key: str, why: str) -> None:
+        """Log that object `key` (its whole S3 key) is not in the view, and why: once per
+        mount, not at every listing (listings are taken again when they expire)."""
+        with self._left_out_lock:
+            if key in self._left_out:
+                return
+            self._left_out.add(key)
+        url = f"s3://{self.bucket}/{key}"
+        log.warning("%s: left out of the view: %s", url if url.isprintable() else ascii(url), why)
+
+    def _leave_out_below(self, key: str, below: str, why: str) -> None:
+        """Log each object below S3 prefix `below`, a directory of `key` that no path can
+        hold: a listing with a delimiter names only the prefix. Listed once per mount."""
+        with self._left_out_lock:
+            if below in self._left_out_below:
+                return
+        request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": below}
+        while True:
+            page = self._call("list", key, lambda r=dict(request): self._s3.list_objects_v2(**r))
+            for item in page.get("Contents", ()):
+                self._leave_out(item["Key"], why)
+            request["ContinuationToken"] = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not request["ContinuationToken"]:
+                break
+        with self._left_out_lock:
+            self._left_out_below.add(below)
+
+    def _probe(self, key: str) -> Stat | None:
+        """The stat of `key` in a directory too big to list for one stat: one LIST, `/` as
+        the delimiter, of two entries from `key` on, which are the object and its directory
+        (which wins) unless keys like `key-1` lie between."""
+        whole = self._object(key)
+        request = {"Bucket": self.bucket, "Prefix": whole, "Delimiter": "/", "MaxKeys": 2}
+        page = self._call("stat", key, lambda: self._s3.list_objects_v2(**request))
+        objects = {item["Key"]: item for item in page.get("Contents", ())}
+        below = {common["Prefix"] for common in page.get("CommonPrefixes", ())}
+        is_dir = f"{whole}/" in below
+        if not is_dir and page.get("IsTruncated") and max({*objects, *below}) < f"{whole}/":
+            is_dir = self._is_dir(key)
+        if is_dir:
+            if whole in objects:
+                self._leave_out(whole, _SHADOWED)
+            return self._dir_stat
+        return self._object_stat(objects[whole]) if whole in objects else None
 
     @staticmethod
     def _object_stat(item: dict[str, Any]) -> Stat:
