@@ -209,14 +209,15 @@ def test_s3_reads_of_a_version_come_from_disk_after_a_restart(s3: S3Env, tmp_pat
 
 # -- mounts -----------------------------------------------------------------------------------
 
-SHAPE = (256, 256)
+#: 16 shards of 32 KiB and an index: each above diskcache's 32 KiB, so a file of its own
+SHAPE = (512, 512)
 
 
 def write_array(s3: S3Env, seed: int) -> np.ndarray:
     data = np.random.default_rng(seed).integers(0, 60000, SHAPE).astype("uint16")
     group = zarr.open_group(s3.zarr_store("root"), mode="w")
     array = group.create_array(
-        "a", shape=SHAPE, dtype="uint16", chunks=(16, 16), shards=(64, 64), compressors=None
+        "a", shape=SHAPE, dtype="uint16", chunks=(32, 32), shards=(128, 128), compressors=None
     )
     array[...] = data
     return data
@@ -247,6 +248,31 @@ def test_a_remount_reads_what_the_first_mount_fetched_from_disk(
     new = write_array(s3, 2)
     third = mount(s3.url("root"), *options)
     np.testing.assert_array_equal(chunk_by_chunk(third), new)
+
+
+def test_a_remount_drops_damaged_cache_files_and_serves_the_right_bytes(
+    s3: S3Env, mount, tmp_path: Path
+) -> None:
+    data = write_array(s3, 4)
+    cache = tmp_path / "cache"
+    options = [*s3.mount_options(), "ro", f"cache_dir={cache}"]
+    np.testing.assert_array_equal(chunk_by_chunk(mount(s3.url("root"), *options)), data)
+    damaged = value_files(cache)
+    assert damaged
+    for n, path in enumerate(damaged):  # as a power loss or a full disk leaves them
+        if n % 2:
+            os.truncate(path, 0)
+        else:
+            raw = bytearray(path.read_bytes())
+            raw[len(raw) // 2] ^= 0x55
+            path.write_bytes(bytes(raw))
+    s3.proxy.reset_counts()
+    again = mount(s3.url("root"), *options)
+    np.testing.assert_array_equal(chunk_by_chunk(again), data)
+    assert len([line for line in again.log().splitlines() if "damaged block" in line]) == len(
+        damaged
+    )
+    assert any("/c/" in entry[1] for entry in data_gets(s3)), "fetched again"
 
 
 def test_two_mounts_share_one_cache_directory(s3: S3Env, mount, tmp_path: Path) -> None:
