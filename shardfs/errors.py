@@ -1,8 +1,9 @@
 """The exceptions the core raises.
 
 The core never knows about errno; the FUSE adapter maps these classes to errno
-values in one place (`shardfs.fuse.errno_for`). Each class names the condition
-from the caller's point of view, so other front ends can map them too.
+values in one table (`shardfs.fuse.adapter.errno_for`) and raises nothing else.
+Each class names the condition from the caller's point of view, so other front
+ends can map them too.
 """
 
 
@@ -36,6 +37,31 @@ class IsADirectory(ShardfsError):
 
 class ReadOnly(ShardfsError):
     """The operation would modify something this view cannot modify."""
+
+
+class NotPermitted(ShardfsError):
+    """A kind of file the view never holds (a device, a symlink): no mode makes it possible."""
+
+
+class Unimplemented(ShardfsError):
+    """The view does not do this operation at all, so a front end may stop asking for it
+    (FUSE's kernel then serves opens and flushes itself)."""
+
+
+class BadHandle(ShardfsError):
+    """The operation does not apply to the way the file was opened (a write to a reader)."""
+
+
+class InvalidRequest(ShardfsError):
+    """The request asks for something no view does (a rename that exchanges two files)."""
+
+
+class NoAttribute(ShardfsError):
+    """The file has no extended attribute of that name."""
+
+
+class AttributesFixed(ShardfsError):
+    """Extended attributes are the view's own: they cannot be set or removed."""
 
 
 class AlreadyExists(ShardfsError):

@@ -28,16 +28,22 @@ import trio
 from shardfs.checksum.digests import ChunkDigests
 from shardfs.errors import (
     AlreadyExists,
+    AttributesFixed,
+    BadHandle,
     CannotMove,
+    InvalidRequest,
     InvalidWrite,
     IsADirectory,
     MissingChunk,
+    NoAttribute,
     NotADirectory,
     NotEmpty,
     NotFound,
+    NotPermitted,
     ReadOnly,
     ShardfsError,
     StorageError,
+    Unimplemented,
 )
 from shardfs.fuse.inodes import InodeTable
 from shardfs.storage.blocking import WouldBlock, nonblocking
@@ -61,6 +67,12 @@ _ERRNO: list[tuple[type[ShardfsError], int]] = [
     (NotEmpty, errno.ENOTEMPTY),
     (CannotMove, errno.EXDEV),
     (InvalidWrite, errno.EINVAL),
+    (NotPermitted, errno.EPERM),
+    (Unimplemented, errno.ENOSYS),
+    (BadHandle, errno.EBADF),
+    (InvalidRequest, errno.EINVAL),
+    (NoAttribute, errno.ENODATA),
+    (AttributesFixed, errno.ENOTSUP),
 ]
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
@@ -155,13 +167,10 @@ def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             log.debug("%s%r", name, args[1:])
         try:
             return await handler(*args, **kwargs)
-        except pyfuse3.FUSEError as e:
-            if e.errno != errno.ENOSYS:  # kernel-served mounts answer it on purpose
-                errors[errno.errorcode.get(e.errno, str(e.errno))] += 1
-            raise
         except ShardfsError as e:
             code = errno_for(e)
-            errors[errno.errorcode.get(code, str(code))] += 1
+            if code != errno.ENOSYS:  # kernel-served mounts answer it on purpose
+                errors[errno.errorcode.get(code, str(code))] += 1
             if code in (errno.EIO, errno.EINVAL) and not e.logged:
                 log.error("%s: %s", name, e)
             raise pyfuse3.FUSEError(code) from None
@@ -295,11 +304,11 @@ class Operations(pyfuse3.Operations):
         try:
             return self.inodes.node(ino)
         except KeyError:
-            raise pyfuse3.FUSEError(errno.ENOENT) from None
+            raise NotFound(f"inode {ino}") from None
 
     def _writable(self) -> Workspace:
         if self.workspace is None:
-            raise pyfuse3.FUSEError(errno.EROFS)
+            raise ReadOnly("this mount is read-only")
         return self.workspace
 
     def _entry(self, ino: int, attr: Attr, removed: bool = False) -> pyfuse3.EntryAttributes:
@@ -377,7 +386,7 @@ class Operations(pyfuse3.Operations):
         """An open file of `inode`, a writable one if there is; ENOENT if none is open."""
         files = [self._handles[fh] for fh in self._files_of.get(inode, ())]
         if not files:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise NotFound(f"inode {inode}: removed, and not open")
         return next((f for f in files if isinstance(f, Handle)), files[0])
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
@@ -390,7 +399,7 @@ class Operations(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         if self.config.kernel_served:
             # The kernel then caches listings itself and sends readdir with the inode.
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+            raise Unimplemented("opendir: the kernel keeps listings")
         # The listing is taken once per opendir, so offsets stay stable while it is read.
         listing = await self._run(self.view.listing, self._node(inode))
         fh = next(self._next_fh)
@@ -496,14 +505,14 @@ class Operations(pyfuse3.Operations):
             # No open and release from now on: the kernel keeps file pages across opens
             # and sends reads with the inode (see `_read_inode`). Writes are refused by
             # the mount itself (`ro`).
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+            raise Unimplemented("open: the kernel serves re-reads")
         if self.inodes.removed(inode):
             # Opened again through /proc/PID/fd: the same file, not the one at its old path.
             handle = self._open_file_of(inode)
             if isinstance(handle, Handle):
                 handle = await self._run(self._writable().reopen, handle, flags)
             elif flags & _WRITE_FLAGS:
-                raise pyfuse3.FUSEError(errno.ENOENT)
+                raise NotFound(f"inode {inode}: removed; its open files are readers")
             return self._open_file(inode, handle)
         node = self._node(inode)
         if self.workspace is None:
@@ -545,7 +554,7 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._handles[fh]
         if not isinstance(handle, Handle):
-            raise pyfuse3.FUSEError(errno.EBADF)
+            raise BadHandle("a write to a file opened for reading")
         return await self._run(self._writable().write, handle, off, buf)
 
     @_errors
@@ -553,7 +562,7 @@ class Operations(pyfuse3.Operations):
         if self.workspace is None:
             # Nothing to store on close: ENOSYS tells the kernel to stop sending flushes,
             # which saves a round trip on every close of a read-only mount.
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+            raise Unimplemented("flush: nothing is stored on close")
         handle = self._handles[fh]
         if isinstance(handle, Handle):
             # Metadata documents and files of arrays shown unchanged are stored on close
@@ -595,7 +604,7 @@ class Operations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         workspace = self._writable()
         if not stat.S_ISREG(mode) and stat.S_IFMT(mode):
-            raise pyfuse3.FUSEError(errno.EPERM)
+            raise NotPermitted("only regular files can be created")
         parent = self._node(parent_inode)
         node, attr, handle = await self._run(workspace.create, parent, os.fsdecode(name))
         entry = self._reply(node, attr)
@@ -631,7 +640,7 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         workspace = self._writable()
         if flags & ~pyfuse3.RENAME_NOREPLACE:
-            raise pyfuse3.FUSEError(errno.EINVAL)  # RENAME_EXCHANGE, RENAME_WHITEOUT
+            raise InvalidRequest("rename: only RENAME_NOREPLACE is supported")  # not EXCHANGE
         old, new = self._node(parent_inode_old), self._node(parent_inode_new)
         old_name, new_name = os.fsdecode(name_old), os.fsdecode(name_new)
         noreplace = bool(flags & pyfuse3.RENAME_NOREPLACE)
@@ -670,8 +679,8 @@ class Operations(pyfuse3.Operations):
         if fields.update_size:
             if isinstance(handle, Handle):
                 result = await self._run(workspace.truncate_open, handle, attr.st_size)
-            elif removed:
-                raise pyfuse3.FUSEError(errno.ENOENT)  # open for reading only: not ours to cut
+            elif removed:  # open for reading only: not ours to cut
+                raise NotFound(f"inode {inode}: removed, and open for reading only")
             else:
                 result = await self._run(workspace.truncate, self._node(inode), attr.st_size)
         elif handle is not None and removed:
@@ -681,15 +690,21 @@ class Operations(pyfuse3.Operations):
             result = await self._run(self.view.attr, self._node(inode))
         return self._entry(inode, result, removed)
 
-    async def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EPERM)
+    @_errors
+    async def mknod(self, *args: Any, **kwargs: Any) -> pyfuse3.EntryAttributes:
+        raise NotPermitted("only regular files and directories can be created")
 
-    mknod = symlink = _refuse
+    @_errors
+    async def symlink(self, *args: Any, **kwargs: Any) -> pyfuse3.EntryAttributes:
+        raise NotPermitted("symbolic links cannot be created")
 
+    @_errors
     async def setxattr(self, *args: Any, **kwargs: Any) -> None:
-        raise pyfuse3.FUSEError(errno.ENOTSUP)
+        raise AttributesFixed("extended attributes cannot be set")
 
-    removexattr = setxattr
+    @_errors
+    async def removexattr(self, *args: Any, **kwargs: Any) -> None:
+        raise AttributesFixed("extended attributes cannot be removed")
 
     # -- extended attributes ----------------------------------------------------------
 
@@ -713,10 +728,10 @@ class Operations(pyfuse3.Operations):
     @_errors
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         if name != MD5_XATTR:
-            raise pyfuse3.FUSEError(errno.ENODATA)
+            raise NoAttribute(name.decode(errors="replace"))
         digest = await self._run(self._md5, self._node(inode))
         if digest is None:
-            raise pyfuse3.FUSEError(errno.ENODATA)
+            raise NoAttribute(name.decode())
         return digest.encode()
 
     @_errors

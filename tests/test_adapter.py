@@ -1,0 +1,213 @@
+"""The FUSE adapter in-process: errnos at the boundary and readdir paging, with no kernel.
+
+Like s3ql's t3 tests, these call `Operations`' handlers directly under trio,
+over views of sources that zarr-python 3 wrote, with `pyfuse3.readdir_reply`
+replaced by a recorder that takes a few entries per call, as the kernel's
+reply buffer does. Every error a handler can answer is checked against the
+errno a client must see.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyfuse3
+import pytest
+import trio
+import zarr
+
+from shardfs.fuse.adapter import WINDOW, MountConfig, Operations
+from shardfs.storage import LocalStorage
+from shardfs.view import Namespace
+from shardfs.writeback import Workspace, WriteBuffer
+
+ROOT = pyfuse3.ROOT_INODE
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    group = zarr.open_group(root, mode="w")
+    image = group.create_array(
+        "image", shape=(32, 32), dtype="u2", chunks=(8, 8), shards=(16, 16), fill_value=0,
+        compressors=None,
+    )  # fmt: skip
+    image[:24, :] = np.arange(24 * 32, dtype="u2").reshape(24, 32)  # the last row of chunks empty
+    # A 1-D array of more chunk files than a window of prepared rows.
+    line = group.create_array(
+        "line", shape=(WINDOW + 904,), dtype="u1", chunks=(1,), shards=(1000,), fill_value=0,
+        compressors=None,
+    )  # fmt: skip
+    line[:] = 1
+    return root
+
+
+def operations(source: Path, *, writable: bool = False, **config: Any) -> Operations:
+    namespace = Namespace(LocalStorage(source), serve_plain=writable)
+    view = Workspace(namespace, WriteBuffer(1 << 20, None)) if writable else namespace
+    return Operations(view, MountConfig(read_only=not writable, **config))
+
+
+def run(call: Callable[[], Awaitable[Any]]) -> Any:
+    return trio.run(call)
+
+
+def errno_of(call: Callable[[], Awaitable[Any]]) -> int:
+    with pytest.raises(pyfuse3.FUSEError) as raised:
+        run(call)
+    return raised.value.errno
+
+
+async def inode_of(ops: Operations, path: str) -> int:
+    ino = ROOT
+    for name in path.split("/"):
+        ino = (await ops.lookup(ino, name.encode(), None)).st_ino  # type: ignore[arg-type]
+    return ino
+
+
+class Replies:
+    """`pyfuse3.readdir_reply` as the kernel's buffer takes it: `room` entries per request."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.left = room
+        self.names: list[str] = []
+        self.next_ids: list[int] = []
+
+    def __call__(
+        self, token: object, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int
+    ) -> bool:
+        if not self.left:
+            return False
+        self.left -= 1
+        self.names.append(os.fsdecode(name))
+        self.next_ids.append(next_id)
+        return True
+
+
+@pytest.fixture
+def replies(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], Replies]]:
+    def install(room: int) -> Replies:
+        recorder = Replies(room)
+        monkeypatch.setattr(pyfuse3, "readdir_reply", recorder)
+        return recorder
+
+    yield install
+
+
+def read_dir(ops: Operations, replies: Replies, ino: int) -> list[str]:
+    """Every entry of a directory, over as many readdir requests as the room asks for,
+    each starting where the kernel would: at the next_id of the last entry taken."""
+
+    async def main() -> list[str]:
+        fh = ino if ops.config.kernel_served else await ops.opendir(ino, None)  # type: ignore[arg-type]
+        start = 0
+        while True:
+            replies.left = replies.room
+            before = len(replies.names)
+            await ops.readdir(fh, start, None)  # type: ignore[arg-type]
+            if len(replies.names) == before:
+                break
+            start = replies.next_ids[-1]
+        if not ops.config.kernel_served:
+            await ops.releasedir(fh)
+        return replies.names
+
+    return run(main)
+
+
+@pytest.mark.parametrize("kernel_served", [False, True])
+@pytest.mark.parametrize("room", [1, 7, 1000])
+def test_readdir_pages_every_entry_once_in_order(
+    source: Path, replies: Callable[[int], Replies], kernel_served: bool, room: int
+) -> None:
+    ops = operations(source, kernel_served=kernel_served)
+    names = read_dir(ops, replies(room), run(lambda: inode_of(ops, "line/c")))
+    assert names == [str(i) for i in range(WINDOW + 904)]
+    root = read_dir(ops, replies(room), ROOT)
+    assert root == ["image", "line", "zarr.json"]
+    rows = read_dir(ops, replies(room), run(lambda: inode_of(ops, "image/c/1")))
+    assert rows == ["0", "1", "2", "3"]
+    assert read_dir(ops, replies(room), run(lambda: inode_of(ops, "image/c/3"))) == []
+
+
+def test_errnos_of_a_read_only_view(source: Path) -> None:
+    ops = operations(source)
+
+    async def lookup(path: str) -> Any:
+        return await inode_of(ops, path)
+
+    image = run(lambda: lookup("image"))
+    chunk = run(lambda: lookup("image/c/0/0"))
+    assert errno_of(lambda: lookup("nothing")) == errno.ENOENT
+    assert errno_of(lambda: lookup("image/c/0/0/below")) == errno.ENOTDIR
+    # A chunk of the grid that holds nothing: a negative entry the kernel may keep.
+    empty_row = run(lambda: lookup("image/c/3"))
+    absent = run(lambda: ops.lookup(empty_row, b"0", None))  # type: ignore[arg-type]
+    assert absent.st_ino == 0 and absent.entry_timeout == ops.config.timeout
+    assert errno_of(lambda: ops.getattr(123456789, None)) == errno.ENOENT  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.open(chunk, os.O_WRONLY, None)) == errno.EROFS  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.create(image, b"x", 0o100644, os.O_WRONLY, None)) == errno.EROFS  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.mkdir(image, b"d", 0o755, None)) == errno.EROFS  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.unlink(image, b"zarr.json", None)) == errno.EROFS  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.mknod(image, b"n", 0o20644, 0, None)) == errno.EPERM  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.symlink(image, b"s", b"t", None)) == errno.EPERM  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.setxattr(chunk, b"user.x", b"1", None)) == errno.ENOTSUP  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.removexattr(chunk, b"user.x", None)) == errno.ENOTSUP  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.getxattr(chunk, b"user.other", None)) == errno.ENODATA  # type: ignore[arg-type]
+    assert run(lambda: ops.getxattr(chunk, b"user.md5", None))  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.getxattr(image, b"user.md5", None)) == errno.ENODATA  # type: ignore[arg-type]
+    handle = run(lambda: ops.open(chunk, os.O_RDONLY, None))  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.flush(handle.fh)) == errno.ENOSYS, "no flushes on read-only"
+    assert errno_of(lambda: ops.write(handle.fh, 0, b"x")) == errno.EBADF
+    assert ops.errors["ENOENT"] >= 2 and "ENOSYS" not in ops.errors
+    assert ops.requests["lookup"] >= 5
+
+
+def test_errnos_of_a_kernel_served_view(source: Path) -> None:
+    ops = operations(source, kernel_served=True)
+    chunk = run(lambda: inode_of(ops, "image/c/0/0"))
+    assert errno_of(lambda: ops.open(chunk, os.O_RDONLY, None)) == errno.ENOSYS  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.opendir(ROOT, None)) == errno.ENOSYS  # type: ignore[arg-type]
+    data = run(lambda: ops.read(chunk, 0, 1 << 16))
+    assert data == np.arange(24 * 32, dtype="u2").reshape(24, 32)[:8, :8].tobytes()
+
+
+def test_errnos_of_a_writable_view(source: Path) -> None:
+    ops = operations(source, writable=True)
+    image = run(lambda: inode_of(ops, "image"))
+    chunks = run(lambda: inode_of(ops, "image/c/0"))
+    exchange = pyfuse3.RENAME_EXCHANGE if hasattr(pyfuse3, "RENAME_EXCHANGE") else 2
+    assert errno_of(lambda: ops.rename(chunks, b"0", chunks, b"1", exchange, None)) == errno.EINVAL  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.mknod(image, b"n", 0o20644, 0, None)) == errno.EPERM  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.create(image, b"fifo", 0o10644, os.O_WRONLY, None)) == errno.EPERM  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.rmdir(ROOT, b"image", None)) == errno.ENOTEMPTY  # type: ignore[arg-type]
+    assert errno_of(lambda: ops.mkdir(image, b"zarr.json", 0o755, None)) == errno.EEXIST  # type: ignore[arg-type]
+    metadata = run(lambda: inode_of(ops, "image/zarr.json"))
+    handle = run(lambda: ops.open(metadata, os.O_WRONLY | os.O_TRUNC, None))  # type: ignore[arg-type]
+    group = b'{"zarr_format": 3, "node_type": "group"}'
+    assert run(lambda: ops.write(handle.fh, 0, group)) == len(group)
+    # An array's metadata turned into a group's cannot be stored: refused at close.
+    assert errno_of(lambda: ops.flush(handle.fh)) == errno.EINVAL
+    assert ops.errors["EINVAL"] == 2 and ops.errors["EPERM"] == 2
+
+
+def test_corrupt_data_is_eio_and_one_log_line(
+    source: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shard = source / "image" / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0xFF  # the index's checksum no longer matches
+    shard.write_bytes(bytes(raw))
+    ops = operations(source)
+    with caplog.at_level(logging.ERROR, logger="shardfs"):
+        assert errno_of(lambda: inode_of(ops, "image/c/0/0")) == errno.EIO
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 1 and "image/c/0/0" in lines[0], lines
+    assert ops.errors == {"EIO": 1}
