@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -92,9 +93,30 @@ def one_shard_array(
     array[:] = value
 
 
+def fuse_absent() -> str | None:
+    """Why this machine cannot mount FUSE file systems, or None if it can."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `fuse` mount for real: skipped, with the reason, where FUSE is absent."""
+    why = fuse_absent()
+    if why is not None:
+        skip = pytest.mark.skip(reason=f"FUSE is absent: {why}")
+        for item in items:
+            if item.get_closest_marker("fuse") is not None:
+                item.add_marker(skip)
+
+
 @pytest.fixture
-def mount(tmp_path: Path) -> Iterator:
-    """`mount(source, *options)` mounts `source` and returns a `Mounted`; all are undone at teardown."""
+def mount(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
+    """`mount(source, *options)` mounts `source` and returns a `Mounted`; all are undone at
+    teardown. Only for tests marked `fuse` (so they are skipped where FUSE is absent)."""
+    assert request.node.get_closest_marker("fuse"), f"{request.node.nodeid}: mark it fuse"
     mounts: list[Mounted] = []
 
     def _mount(source: Path, *options: str) -> Mounted:
@@ -135,3 +157,4 @@ def no_stray_locks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
                 continue
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while a daemon holds it
             lock.unlink()
+            lock.with_suffix(".sock").unlink(missing_ok=True)  # its control socket

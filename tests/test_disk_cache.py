@@ -228,6 +228,7 @@ def chunk_by_chunk(mounted: Mounted) -> np.ndarray:
     return zarr.open_array(mounted.path / "a", mode="r")[...]
 
 
+@pytest.mark.fuse
 def test_a_remount_reads_what_the_first_mount_fetched_from_disk(
     s3: S3Env, mount, tmp_path: Path
 ) -> None:
@@ -250,6 +251,7 @@ def test_a_remount_reads_what_the_first_mount_fetched_from_disk(
     np.testing.assert_array_equal(chunk_by_chunk(third), new)
 
 
+@pytest.mark.fuse
 def test_a_remount_drops_damaged_cache_files_and_serves_the_right_bytes(
     s3: S3Env, mount, tmp_path: Path
 ) -> None:
@@ -275,6 +277,7 @@ def test_a_remount_drops_damaged_cache_files_and_serves_the_right_bytes(
     assert any("/c/" in entry[1] for entry in data_gets(s3)), "fetched again"
 
 
+@pytest.mark.fuse
 def test_two_mounts_share_one_cache_directory(s3: S3Env, mount, tmp_path: Path) -> None:
     data = write_array(s3, 3)
     cache = f"cache_dir={tmp_path / 'cache'}"

@@ -67,6 +67,7 @@ def errors_of(mounted: Mounted) -> list[str]:
     return [line for line in mounted.log().splitlines() if "ERROR" in line]
 
 
+@pytest.mark.fuse
 @pytest.mark.parametrize("writer", ["another mount", "the same mount"])
 def test_an_open_chunk_never_serves_two_versions(src: Source, mount, writer: str) -> None:
     """Read the first MiB of a chunk; through a writer, rewrite the chunk at the same size
@@ -123,6 +124,7 @@ json.dump({"ok": ok, "errors": errors}, open(out, "w"))
 """
 
 
+@pytest.mark.fuse
 def test_readers_of_another_mount_never_fail_during_big_appends(tmp_path: Path, mount) -> None:
     """One mount commits 15 MiB into one shard per fsync, ten times; another mount's reader of
     an untouched chunk of that shard sees neither an error nor a corrupt shard meanwhile."""
@@ -180,6 +182,7 @@ storage.append(key, [os.urandom(300_000), b"\\x00" * 20_000], stat.version)
 """
 
 
+@pytest.mark.fuse
 @pytest.mark.parametrize("index", ["crc32c", "no checksum"])
 @pytest.mark.parametrize("tail", ["half written", "zeros"])
 def test_a_torn_append_is_served_as_the_shard_before_it(

@@ -132,6 +132,7 @@ def assert_logged_once(log: str, bucket: str, prefix: str) -> None:
     assert len(lines) == len(ODD), lines
 
 
+@pytest.mark.fuse
 @pytest.mark.usefixtures("one_by_one")
 def test_odd_keys_are_left_out_and_the_rest_mounts(s3: S3Env, mount) -> None:
     for name, seed_of in ARRAYS.items():

@@ -74,6 +74,7 @@ def drop_kernel_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("2\n")
 
 
+@pytest.mark.fuse
 def test_a_hundred_thousand_chunks_list_stat_and_read_in_bounded_memory(
     source: Path, mount
 ) -> None:
@@ -111,6 +112,7 @@ def test_a_hundred_thousand_chunks_list_stat_and_read_in_bounded_memory(
     assert "ERROR" not in mounted.log() and "Traceback" not in mounted.log()
 
 
+@pytest.mark.fuse
 def test_the_inode_budget_makes_the_kernel_forget_directories(source: Path, mount) -> None:
     """With `inodes=4`, walking the chunk directories keeps only a few counted entries:
     the daemon asks the kernel to drop the oldest, and the walk still sees everything."""

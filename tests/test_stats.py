@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import zarr
 
 from shardfs.fuse.control import socket_path
@@ -37,6 +38,7 @@ def stats(mounted: Mounted) -> dict[str, Any]:
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
+@pytest.mark.fuse
 def test_source_figures_equal_what_the_store_saw(s3: S3Env, mount, tmp_path: Path) -> None:
     data = write_array(s3, 7)
     # Two failures of the first chunk GET of one shard: botocore retries them.
@@ -73,6 +75,7 @@ def test_source_figures_equal_what_the_store_saw(s3: S3Env, mount, tmp_path: Pat
     assert figures["source"]["requests"].get("GET range", 0) < gets
 
 
+@pytest.mark.fuse
 def test_commits_and_fuse_errors_are_counted(tmp_path: Path, mount) -> None:
     source = tmp_path / "src"
     one_shard_array(source, "a", (64, 64), (8, 8), 0)
@@ -95,6 +98,7 @@ def test_commits_and_fuse_errors_are_counted(tmp_path: Path, mount) -> None:
     assert figures["fuse"]["requests"]["write"] >= 1
 
 
+@pytest.mark.fuse
 def test_the_figures_are_logged_at_an_interval(tmp_path: Path, mount) -> None:
     source = tmp_path / "src"
     zarr.open_group(source, mode="w")
