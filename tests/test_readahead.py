@@ -168,3 +168,26 @@ def test_a_failed_prefetch_leaves_reads_alone(tmp_path: Path) -> None:
         time.sleep(0.01)
     time.sleep(0.1)
     assert sorted(failures) == [1, 2], "asked once per walked shard"
+
+
+def test_a_read_of_a_chunk_fetched_ahead_shows_a_walker(tmp_path: Path) -> None:
+    """A shard its first fetch brings whole is walked too: reading a second chunk of it from
+    memory gets the next shard fetched ahead."""
+    tables = {}
+    for name in ("s0", "s1"):
+        storage, tables[name], entries = shard(tmp_path, [100 * KIB] * 4, name=name)
+    ahead = ReadAhead(storage, 64 << 20)
+
+    def next_shard(n: int):
+        return ("s1", tables["s1"]) if n == 1 else None
+
+    s0 = Pin(storage, "s0", tables["s0"].stat)
+    ahead.read(s0, tables["s0"], *entries[0], next_shard)
+    assert storage.keys == ["s0"], "the whole shard in one read"
+    time.sleep(0.1)
+    assert storage.keys == ["s0"], "one read is not a walk"
+    ahead.read(s0, tables["s0"], *entries[1], next_shard)
+    deadline = time.monotonic() + 10
+    while "s1" not in storage.keys:
+        assert time.monotonic() < deadline, storage.keys
+        time.sleep(0.01)

@@ -329,7 +329,9 @@ def _view(
     if isinstance(source, PrecomputedSource):
         if options.view != View.V3.value:
             raise UsageError(f"view={options.view} applies to Zarr sources only")
-        return PrecomputedNamespace(storage, index_cache=options.index_cache)
+        return PrecomputedNamespace(
+            storage, index_cache=options.index_cache, read_cache=options.read_cache
+        )
     namespace = Namespace(
         storage,
         index_cache=options.index_cache,

@@ -11,6 +11,14 @@ As in `shardfs.view.namespace`, nothing is scanned up front: a path is
 classified against the current `info` when it is asked for, and a shard's
 fixed index and minishard indexes are read when one of their chunks is
 needed, into one bounded LRU cache keyed by the shard's version.
+
+Where requests are costly (S3), chunks are read through `ReadAhead`, one minishard
+at a time: a minishard's index is all that locates its chunks, and writers store
+them together, in chunk id order. Which minishard a walker goes to next is
+known only under the identity hash, where the next minishard, then the first of
+the next shard file, holds the chunk ids that follow (the next block in Morton
+order, with `preshift_bits`); a murmurhash spreads neighbouring chunks over
+unrelated minishards and shards, so nothing is fetched ahead of those.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, TypeVar
 
 import numpy as np
@@ -54,6 +63,7 @@ from shardfs.view.namespace import (
     logged_corruption,
 )
 from shardfs.view.nodes import Listing
+from shardfs.view.readahead import Extents, NextShard, ReadAhead
 
 log = logging.getLogger("shardfs")
 
@@ -81,27 +91,58 @@ def open_volume(storage: Storage) -> PrecomputedSource | None:
     return PrecomputedSource(storage, parse_info(raw)) if is_volume(raw) else None
 
 
-@dataclass(frozen=True)
-class _Chunk:
-    """Where a chunk of a sharded scale is stored: `stored` bytes of shard `key` (version
-    `stat`) from `offset`."""
+@dataclass(frozen=True, eq=False)
+class _Run:
+    """Minishard `part` of shard number `shard` of a scale (object `key`, version `stat`),
+    decoded (`index`): chunks stored together, which read-ahead walks."""
 
     scale: Scale
-    position: Position
     key: str
     stat: Stat
+    shard: int
+    part: int
+    index: Minishard
+
+    @cached_property
+    def extents(self) -> Extents:
+        return Extents(self.index.offsets, self.index.sizes)  # in stored order already
+
+    @property
+    def cost(self) -> int:
+        return self.index.cost + 256
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Where a chunk of a sharded scale is stored: `stored` bytes from `offset` of the shard
+    that holds minishard `run`."""
+
+    run: _Run
+    position: Position
     offset: int
     stored: int
+
+    @property
+    def scale(self) -> Scale:
+        return self.run.scale
+
+    @property
+    def key(self) -> str:
+        return self.run.key
+
+    @property
+    def stat(self) -> Stat:
+        return self.run.stat
 
 
 #: What a view path is: the rewritten info, a source file or directory, or a chunk.
 _Target = Volume | Stat | _Chunk
 
 
-def _cost(value: np.ndarray | Minishard | int) -> int:
+def _cost(value: np.ndarray | _Run | int) -> int:
     if isinstance(value, np.ndarray):
         return value.nbytes + 256
-    if isinstance(value, Minishard):
+    if isinstance(value, _Run):
         return value.cost
     return 128
 
@@ -111,12 +152,16 @@ class PrecomputedNamespace(Resolves):
     (`root`, `resolve`, `lookup`, `attr`, `listdir`, `open`). Thread-safe; every method
     may block on storage."""
 
-    def __init__(self, storage: Storage, index_cache: int = 64 << 20) -> None:
+    def __init__(
+        self, storage: Storage, index_cache: int = 64 << 20, read_cache: int = 64 << 20
+    ) -> None:
         self.storage = storage
         #: Fixed shard indexes, minishard indexes and gzip sizes of chunks, by shard version.
-        self.indexes: LruCache[np.ndarray | Minishard | int] = LruCache(
+        self.indexes: LruCache[np.ndarray | _Run | int] = LruCache(
             index_cache, _cost, cache_errors=(CorruptData,)
         )
+        #: Chunks fetched ahead of their reads (only on stores with costly requests).
+        self.read_ahead = ReadAhead(storage, read_cache)
         #: The parsed info by version; None when it is not a valid volume any more.
         self.volumes: LruCache[Volume | None] = LruCache(
             4 << 20, lambda v: v.cost if v is not None else 256
@@ -220,10 +265,11 @@ class PrecomputedNamespace(Resolves):
             start, end = (int(v) for v in self._shard_index(scale, key, stat)[minishard])
             if start == end:
                 return None
-            found = self._minishard(scale, key, stat, shard, minishard, start, end).find(chunk_id)
+            run = self._minishard(scale, key, stat, shard, minishard, start, end)
+            found = run.index.find(chunk_id)
             if found is None:
                 return None
-            return _Chunk(scale, position, key, stat, *found)
+            return _Chunk(run, position, *found)
 
         chunk = self._pinned(key, find)
         if chunk is None:
@@ -247,9 +293,9 @@ class PrecomputedNamespace(Resolves):
 
     def _minishard(
         self, scale: Scale, key: str, stat: Stat, shard: int, minishard: int, start: int, end: int
-    ) -> Minishard:
-        def load() -> Minishard:
-            return self._verified(
+    ) -> _Run:
+        def load() -> _Run:
+            index = self._verified(
                 key,
                 stat,
                 lambda: scale.decode_minishard(
@@ -259,10 +305,40 @@ class PrecomputedNamespace(Resolves):
                     stat.size,
                 ),
             )
+            return _Run(scale, key, stat, shard, minishard, index)
 
         value = self.indexes.get(("minishard", key, stat.version, minishard), load)
-        assert isinstance(value, Minishard)
+        assert isinstance(value, _Run)
         return value
+
+    def next_run(self, run: _Run, n: int) -> tuple[str, _Run] | None:
+        """The `n`-th non-empty minishard after `run` in stored order, within its shard and
+        then the next shard file, if there is one: where a walker of chunk ids goes next
+        under the identity hash (see the module's docstring)."""
+        scale, key, stat, after = run.scale, run.key, run.stat, run.part
+        for shard in (run.shard, run.shard + 1):
+            if shard != run.shard:
+                if shard >> scale.sharding.shard_bits:
+                    return None
+                key = join(scale.key, scale.sharding.shard_name(shard))
+                found = self.storage.stat(key)
+                if found is None or found.is_dir:
+                    return None
+                stat, after = found, -1
+            index = self._shard_index(scale, key, stat)
+            used = np.flatnonzero(index[after + 1 :, 0] != index[after + 1 :, 1]) + after + 1
+            if n <= len(used):
+                minishard = int(used[n - 1])
+                start, end = (int(v) for v in index[minishard])
+                return key, self._minishard(scale, key, stat, shard, minishard, start, end)
+            n -= len(used)
+        return None
+
+    def ahead(self, run: _Run) -> NextShard | None:
+        """Where a walker of `run` goes next, for read-ahead, if anything predicts it."""
+        if run.scale.sharding.hash != "identity":
+            return None
+        return lambda n: self.next_run(run, n)
 
     def _verified(self, key: str, stat: Stat, decode: Callable[[], T]) -> T:
         """`decode()` of an index of shard `key`; its CorruptData logged once, naming the
@@ -285,8 +361,13 @@ class PrecomputedNamespace(Resolves):
 
         def load() -> int:
             self._check_gzip(chunk)
+            version = chunk.stat.version
+            # A walker's next chunk has usually been fetched ahead: its trailer costs nothing.
+            stored = self.read_ahead.cached(chunk.key, version, chunk.offset, chunk.stored)
+            if stored is not None:
+                return scale.file_size(chunk.position, chunk.stored, stored[-4:])
             start = chunk.offset + chunk.stored - 4
-            trailer = self.storage.read(chunk.key, start, 4, chunk.stat.version)
+            trailer = self.storage.read(chunk.key, start, 4, version)
             return scale.file_size(chunk.position, chunk.stored, trailer)
 
         value = self.indexes.get(self._size_key(chunk), load)
@@ -415,11 +496,12 @@ class PrecomputedNamespace(Resolves):
         for minishard, (start, end) in enumerate(self._shard_index(scale, key, stat).tolist()):
             if start == end:
                 continue
-            found = self._minishard(scale, key, stat, shard, minishard, start, end)
+            run = self._minishard(scale, key, stat, shard, minishard, start, end)
+            found = run.index
             for position, offset, size in zip(
                 found.positions.tolist(), found.offsets.tolist(), found.sizes.tolist(), strict=True
             ):
-                chunks.append(_Chunk(scale, tuple(position), key, stat, offset, size))
+                chunks.append(_Chunk(run, tuple(position), offset, size))
         if scale.gzip_sizes:
             self._gzip_sizes(chunks)
         listing = []
@@ -459,7 +541,9 @@ class PrecomputedNamespace(Resolves):
                     f"{chunk.stored} bytes, its file size says {size}"
                 )
             whole = size <= WHOLE_CHUNK_LIMIT
-            return Reader(self, node.path, chunk.key, chunk.stat, chunk.offset, size, size, whole)
+            return Reader(
+                self, node.path, chunk.key, chunk.stat, chunk.offset, size, size, whole, chunk.run
+            )
         return Reader(
             self,
             node.path,
@@ -469,6 +553,7 @@ class PrecomputedNamespace(Resolves):
             chunk.stored,
             size,
             whole=True,
+            run=chunk.run,
             decode=lambda stored: sharding.decode_data(stored, size),
         )
 
@@ -500,8 +585,9 @@ class Reader:
 
     A `whole` file is read whole on its first read and served from memory until it
     has been read to its end, so that it costs one request however the kernel splits
-    its reads. `decode`, if given, turns the stored bytes of a whole file into the
-    file's `size` bytes (a gzip chunk).
+    its reads; a whole chunk, through read-ahead in its minishard `run`. `decode`, if
+    given, turns the stored bytes of a whole file into the file's `size` bytes (a gzip
+    chunk).
     """
 
     def __init__(
@@ -514,6 +600,7 @@ class Reader:
         stored: int,
         size: int,
         whole: bool,
+        run: _Run | None = None,
         decode: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self._ns = namespace
@@ -525,6 +612,7 @@ class Reader:
         self.size = size
         self._decode = decode
         self._whole = whole
+        self._run = run
         self._data: bytes | None = None
         self._failed: CorruptData | None = None
 
@@ -554,6 +642,10 @@ class Reader:
 
     def _fetch(self, offset: int, size: int) -> bytes:
         try:
+            run = self._run
+            if run is not None and offset == 0 and size == self._stored:
+                ahead = self._ns.ahead(run)
+                return self._ns.read_ahead.read(self._pin, run, self._base, size, ahead)
             return self._pin.read(self._base + offset, size)
         except SourceChanged:
             now = self._pin.current()

@@ -8,8 +8,8 @@ gaps smaller than the store's `request_cost`), into a bounded cache where
 the next reads find them. Chunks before the one asked for count too, as
 concurrent readers do not ask in order. The first fetch from a shard version is small
 (`FIRST_WINDOW`), so a random reader wastes little; a second read from the
-same shard version shows a reader walking it, and every fetch from then on
-takes up to `MAX_WINDOW`. Fetches in flight are shared: a read of a chunk
+same shard version (of a chunk fetched ahead, or another fetch) shows a reader
+walking it, and every fetch from then on takes up to `MAX_WINDOW`. Fetches in flight are shared: a read of a chunk
 that is on its way waits for it rather than asking again.
 
 A reader walking a shard is likely to walk the next one too (readers of a
@@ -17,6 +17,11 @@ whole array go in C order), so the first window of the shard that follows
 is fetched at the same time, in the background: by the time the reader gets
 there, its index and first chunks are in memory instead of two round trips
 away.
+
+What is looked ahead in is an `ExtentSource`: the chunks of a whole Zarr shard,
+or of one part of a shard whose index comes in parts (a minishard of a
+Neuroglancer precomputed shard, whose index alone locates its chunks). Walks are
+told apart by part, and the part a walker goes to next is the caller's to say.
 
 Entries are keyed by the shard's version, so bytes of two versions never mix.
 """
@@ -30,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from functools import cached_property
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -58,34 +64,58 @@ log = logging.getLogger("shardfs")
 
 
 class Extents:
-    """The non-empty chunks of one shard version, sorted by offset: where to look ahead."""
+    """The non-empty chunks of one shard version (or part), sorted by offset: where to look
+    ahead."""
 
-    def __init__(self, entries: np.ndarray) -> None:
+    def __init__(self, starts: np.ndarray, sizes: np.ndarray) -> None:
+        self.starts = starts
+        self.sizes = sizes
+
+    @classmethod
+    def of_entries(cls, entries: np.ndarray) -> Extents:
+        """The extents of a Zarr shard index: (offset, nbytes) entries in any order, EMPTY
+        for absent chunks."""
         flat = entries.reshape(-1, 2)
         used = flat[flat[:, 1] != EMPTY]
         order = np.lexsort((used[:, 1], used[:, 0]))
-        self.starts = used[order, 0].astype(np.int64)
-        self.sizes = used[order, 1].astype(np.int64)
+        return cls(used[order, 0].astype(np.int64), used[order, 1].astype(np.int64))
 
     @property
     def nbytes(self) -> int:
         return self.starts.nbytes + self.sizes.nbytes
 
 
+class ExtentSource(Protocol):
+    """Chunks of one version `stat` of a shard that a reader may walk: the whole shard, or
+    the part `part` of it (walks of two parts are told apart)."""
+
+    @property
+    def stat(self) -> Stat: ...
+
+    @property
+    def part(self) -> Hashable: ...
+
+    @property
+    def extents(self) -> Extents: ...
+
+
 class HasExtents:
-    """Mixin for a shard table: its extents, computed on first use and kept with it."""
+    """Mixin for a Zarr shard table: its extents, computed on first use and kept with it."""
 
     entries: np.ndarray
     stat: Stat
+    part: ClassVar[Hashable] = None  #: the whole shard
 
     @cached_property
     def extents(self) -> Extents:
-        return Extents(self.entries)
+        return Extents.of_entries(self.entries)
 
 
 ChunkKey = tuple[str, Hashable, int, int]
-#: Finds the n-th shard a walker of this one goes to next: (key, table), or None.
-NextShard = Callable[[int], "tuple[str, HasExtents] | None"]
+#: A shard version, or a part of one, as read-ahead tracks walks: (key, version, part).
+Walk = tuple[str, Hashable, Hashable]
+#: Finds the n-th extent source a walker of this one goes to next: (key, source), or None.
+NextShard = Callable[[int], "tuple[str, ExtentSource] | None"]
 
 
 class ReadAhead:
@@ -102,8 +132,8 @@ class ReadAhead:
         self.max_window = max(FIRST_WINDOW, storage.request_cost, min(MAX_WINDOW, budget // 4))
         self._lock = threading.Lock()
         self._pending: dict[ChunkKey, Future[None]] = {}
-        #: What each recent shard version has seen (FETCHED, WALKED or NEXT_ASKED).
-        self._seen: OrderedDict[tuple[str, Hashable], int] = OrderedDict()
+        #: What each recent shard version (or part) has seen (FETCHED, WALKED or NEXT_ASKED).
+        self._seen: OrderedDict[Walk, int] = OrderedDict()
         self._prefetching = threading.BoundedSemaphore(PREFETCHES)
         #: Ranged reads issued, and chunks they brought that had not been asked for.
         self.fetches = 0
@@ -112,49 +142,71 @@ class ReadAhead:
     def read(
         self,
         pin: Pin,
-        table: HasExtents,
+        table: ExtentSource,
         offset: int,
         nbytes: int,
         next_shard: NextShard | None = None,
     ) -> bytes:
-        """The `nbytes` bytes at `offset` of the shard `pin` holds, which `table` describes.
+        """The `nbytes` bytes at `offset` of the shard `pin` holds, a chunk `table` lists.
 
-        `next_shard` is called, in the background, once a reader is seen walking this shard,
-        to fetch ahead the shards the reader goes to next.
+        `next_shard` is called, in the background, once a reader is seen walking this shard
+        (or part), to fetch ahead the ones the reader goes to next.
         """
         if not self.enabled:
             return pin.read(offset, nbytes)
         key, version = pin.key, table.stat.version
+        walk: Walk = (key, version, table.part)
         wanted: ChunkKey = (key, version, offset, nbytes)
         while True:
             data = self.cache.peek(wanted)
             if data is not None:
-                self._ask_next((key, version), next_shard)
+                with self._lock:
+                    if self._seen.get(walk, FETCHED) == FETCHED:
+                        self._note(walk, WALKED)  # it read a chunk fetched ahead: a walker
+                self._ask_next(walk, next_shard)
                 return data
             if not may_block():
                 raise WouldBlock
             with self._lock:
                 waiting = self._pending.get(wanted)
                 if waiting is None:
-                    self._note((key, version), min(WALKED, self._seen.get((key, version), 0) + 1))
+                    state = self._seen.get(walk, 0)  # (a walker's next asked for stays so)
+                    self._note(walk, state + 1 if state < WALKED else state)
                     plan = self._plan(key, table, offset, nbytes)
                     future: Future[None] = Future()
                     for chunk in plan:
                         self._pending[chunk] = future
             if waiting is None:
-                self._ask_next((key, version), next_shard)
+                self._ask_next(walk, next_shard)
                 return self._fetch(wanted, plan, future)
             # If its fetch failed, the next round fetches it here and meets the error first-hand.
             with contextlib.suppress(Exception):
                 waiting.result()
 
-    def _note(self, shard: tuple[str, Hashable], state: int) -> None:
+    def cached(self, key: str, version: Hashable, offset: int, nbytes: int) -> bytes | None:
+        """The chunk at `offset` of version `version` of shard `key` if the cache has it,
+        also once a fetch on its way brings it (then it waits); None otherwise. It makes no
+        request of its own."""
+        wanted: ChunkKey = (key, version, offset, nbytes)
+        data = self.cache.peek(wanted)
+        if data is None:
+            with self._lock:
+                waiting = self._pending.get(wanted)
+            if waiting is not None:
+                if not may_block():
+                    raise WouldBlock
+                with contextlib.suppress(Exception):  # its reader meets the error
+                    waiting.result()
+                data = self.cache.peek(wanted)  # None if it was that reader's own chunk
+        return data
+
+    def _note(self, shard: Walk, state: int) -> None:
         self._seen[shard] = state
         self._seen.move_to_end(shard)
         if len(self._seen) > TRACKED_SHARDS:
             self._seen.popitem(last=False)
 
-    def _ask_next(self, shard: tuple[str, Hashable], next_shard: NextShard | None) -> None:
+    def _ask_next(self, shard: Walk, next_shard: NextShard | None) -> None:
         """Once a reader walks `shard`, prefetch the shard it will walk next (once)."""
         if next_shard is None:
             return
@@ -172,13 +224,13 @@ class ReadAhead:
                     daemon=True,
                 ).start()
 
-    def _plan(self, key: str, table: HasExtents, offset: int, nbytes: int) -> list[ChunkKey]:
+    def _plan(self, key: str, table: ExtentSource, offset: int, nbytes: int) -> list[ChunkKey]:
         """The chunks to fetch with the one at `offset` (first in the list): its neighbours
         in the shard within the window, on both sides (concurrent readers do not ask in
         order), up to a gap bigger than `request_cost` (chunks already cached or on their
         way count as gap: reading over them beats another request)."""
         version = table.stat.version
-        if self._seen[(key, version)] == FETCHED:
+        if self._seen[(key, version, table.part)] == FETCHED:
             window = max(FIRST_WINDOW, self.storage.request_cost)
         else:
             window = self.max_window
@@ -218,12 +270,12 @@ class ReadAhead:
         finally:
             self._prefetching.release()
 
-    def _prefetch_shard(self, key: str, table: HasExtents) -> None:
+    def _prefetch_shard(self, key: str, table: ExtentSource) -> None:
         extents = table.extents
         if not len(extents.starts):
             return
         with self._lock:
-            shard = (key, table.stat.version)
+            shard: Walk = (key, table.stat.version, table.part)
             if shard in self._seen:
                 return  # a reader or an earlier prefetch got there first
             self._note(shard, WALKED)  # its first reader will be walking it
