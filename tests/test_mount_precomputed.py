@@ -285,6 +285,14 @@ def test_tensorstore_reads_every_scale(main_volume: Written, mount) -> None:
         )
     assert "mounted read-only" in mounted.log()
     assert not error_lines(mounted), mounted.log()
+    done = subprocess.run(
+        [sys.executable, "-m", "shardfs", "stats", str(mounted.path), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    figures = json.loads(done.stdout)
+    assert figures["source"]["requests"]["read"] > 0 and figures["source"]["bytes_read"] > 0
+    assert figures["caches"]["shard indexes"]["misses"] > 0
+    assert "read-ahead" in figures["caches"] and figures["fuse"]["requests"]["read"] > 0
 
 
 def test_chunk_files_are_what_an_unsharded_writer_makes(main_volume: Written, mount) -> None:

@@ -377,17 +377,12 @@ class Namespace(Resolves):
     def stats(self) -> dict[str, Any]:
         """Figures for `shardfs stats`: what the source was asked, and each cache's."""
         source = self.storage.stats()
-        ahead = self.read_ahead
         caches = {
             "shard indexes": self.indexes.snapshot(),
             "listings": self.listings.snapshot(),
             "metadata": self.nodes.snapshot(),
             "documents": self.documents.snapshot(),
-            "read-ahead": {
-                **ahead.cache.snapshot(),
-                "fetches": ahead.fetches,
-                "prefetched": ahead.prefetched,
-            },
+            "read-ahead": self.read_ahead.snapshot(),
             **source.pop("caches", {}),
         }
         return {"source": source, "caches": caches}

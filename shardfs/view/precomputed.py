@@ -211,6 +211,7 @@ class PrecomputedNamespace(Resolves):
         caches = {
             "shard indexes": self.indexes.snapshot(),
             "metadata": self.volumes.snapshot(),
+            "read-ahead": self.read_ahead.snapshot(),
             **source.pop("caches", {}),
         }
         return {"source": source, "caches": caches}

@@ -139,6 +139,10 @@ class ReadAhead:
         self.fetches = 0
         self.prefetched = 0
 
+    def snapshot(self) -> dict[str, int]:
+        """Its figures for `shardfs stats`: the cache's, its fetches, the chunks fetched ahead."""
+        return {**self.cache.snapshot(), "fetches": self.fetches, "prefetched": self.prefetched}
+
     def read(
         self,
         pin: Pin,
