@@ -10,8 +10,10 @@ import io
 import itertools
 import json
 import os
+import random
 import shutil
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,28 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from zarr_checksum import compute_zarr_checksum
-from zarr_checksum.generators import S3ClientOptions, yield_files_local, yield_files_s3
+from zarr_checksum.generators import (
+    S3ClientOptions,
+    ZarrArchiveFile,
+    yield_files_local,
+    yield_files_s3,
+)
 
-from shardfs.checksum import EMPTY_CHECKSUM, ChecksumTree, Digest, hashing, stored_checksum, virtual
+from shardfs.checksum import (
+    EMPTY_CHECKSUM,
+    Digest,
+    DirectoryChecksum,
+    Fold,
+    hashing,
+    stored_checksum,
+    virtual,
+)
 from shardfs.checksum.digests import ChunkDigests
 from shardfs.cli import main
+from shardfs.errors import SourceChanged
 from shardfs.maintenance import progress_bar
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, View
@@ -88,18 +106,20 @@ def md5(data: bytes) -> str:
 
 
 def test_published_vectors() -> None:
-    two = ChecksumTree()
+    two = Fold()
     for path, data in TWO.items():
         two.add(path, md5(data), len(data))
-    assert str(two.digest()) == TWO_ROOT
-    eight = ChecksumTree()
+    assert str(two.finish()) == TWO_ROOT
+    closed: list[DirectoryChecksum] = []
+    eight = Fold(closed.append)
     for path, data in EIGHT.items():
         eight.add(path, md5(data), len(data))
-    digests = {d.path: str(d.digest) for d in eight.directories()}
+    assert str(eight.finish()) == EIGHT_ROOT
+    digests = {d.path: str(d.digest) for d in closed}
     assert digests["sub1"] == EIGHT_SUB1
     assert digests[""] == EIGHT_ROOT
     assert list(digests)[-1] == "", "the root comes last"
-    assert str(ChecksumTree().digest()) == EMPTY_CHECKSUM
+    assert str(Fold().finish()) == EMPTY_CHECKSUM
     assert Digest.parse(EIGHT_ROOT) == Digest("25627e0fc7c609d10100d020f7782a25", 8, 197)
 
 
@@ -134,6 +154,128 @@ def test_names_are_escaped_and_sorted_as_dandi_does(
     }
     root = write_files(tmp_path / "names", files)
     assert shardfs(capsys, str(root)) == reference(root)
+
+
+# -- folding directory by directory ----------------------------------------------------
+
+
+def zarr_checksum_of(files: dict[str, bytes]) -> str:
+    """What the `zarr_checksum` package computes for these files (in memory, all at once)."""
+    return str(
+        compute_zarr_checksum(
+            ZarrArchiveFile(path=Path(path), size=len(data), digest=md5(data))
+            for path, data in files.items()
+        )
+    )
+
+
+def folded(files: dict[str, bytes], order: list[str]) -> str:
+    fold = Fold()
+    for path in order:
+        fold.add(path, md5(files[path]), len(files[path]))
+    return str(fold.finish())
+
+
+def depth_first(paths: list[str], rng: random.Random) -> list[str]:
+    """`paths` in a random depth-first order: each directory's files and subtrees shuffled
+    together, a subtree always whole (files of a directory may come between its subtrees)."""
+    files = [p for p in paths if "/" not in p]
+    below: dict[str, list[str]] = {}
+    for path in paths:
+        if "/" in path:
+            top, _, rest = path.partition("/")
+            below.setdefault(top, []).append(rest)
+    parts: list[list[str]] = [[f] for f in files]
+    parts += [[f"{top}/{p}" for p in depth_first(rest, rng)] for top, rest in below.items()]
+    rng.shuffle(parts)
+    return [path for part in parts for path in part]
+
+
+ODD_TREES = {
+    "one file": {"only": b"x"},
+    "one file deep down": {"a/b/c/d/e/f/g/h": b"deep"},
+    "numbers sort as strings": {
+        **{f"c/{i}/{j}": bytes([i, j]) for i in (0, 1, 2, 9, 10, 11, 99, 100) for j in (0, 10, 9)},
+        "9": b"nine",
+        "10": b"ten",
+        "zarr.json": b"{}",
+    },
+    "a file and a directory of one name (S3 keys)": {"a": b"1", "a/b": b"2", "a b/c": b"3"},
+    "code points, not locale": {"Z": b"", "_": b"1", "a": b"2", "\u00e9/\u00e9": b"3", "z/A": b"4"},
+    "depths mixed": {"x": b"1", "d/x": b"2", "d/e/x": b"3", "d/e/f/x": b"4", "d/e2/x": b"5"},
+}
+
+
+@pytest.mark.parametrize("files", ODD_TREES.values(), ids=ODD_TREES.keys())
+def test_the_fold_is_zarr_checksum_in_any_depth_first_order(files: dict[str, bytes]) -> None:
+    expected = zarr_checksum_of(files)
+    assert folded(files, sorted(files)) == expected
+    assert folded(files, sorted(files, reverse=True)) == expected
+    rng = random.Random(7)
+    for _ in range(20):
+        assert folded(files, depth_first(list(files), rng)) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.lists(st.text("019aZ_\u00e9", min_size=1, max_size=2), min_size=1, max_size=4).map(
+            "/".join
+        ),
+        st.binary(max_size=3),
+        max_size=30,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_the_fold_is_zarr_checksum_on_random_trees(
+    files: dict[str, bytes], rng: random.Random
+) -> None:
+    assert folded(files, depth_first(list(files), rng)) == zarr_checksum_of(files)
+
+
+def test_directories_without_files_do_not_exist() -> None:
+    fold = Fold()
+    fold.add_files("empty", [])
+    fold.add_files("a/empty/too", [])
+    fold.add("a/x", md5(b"x"), 1)
+    fold.add_files("b", [])
+    assert str(fold.finish()) == zarr_checksum_of({"a/x": b"x"})
+    fold = Fold()
+    fold.add_files("", [])
+    fold.add_files("nothing/here", [])
+    assert str(fold.finish()) == EMPTY_CHECKSUM
+
+
+def test_coming_back_to_a_directory_left_is_an_error() -> None:
+    """Its digest was made when the walk left it: a second part would give it two."""
+    fold = Fold()
+    fold.add("a/x", md5(b"x"), 1)
+    fold.add("b/y", md5(b"y"), 1)
+    fold.add("a/z", md5(b"z"), 1)
+    with pytest.raises(ValueError, match="a added twice"):
+        fold.finish()
+
+
+def fold_peak(depth: int, width: int = 8, files: int = 16) -> int:
+    """Peak bytes allocated while folding a tree of `width` directories per level, `depth`
+    levels, `files` files in each leaf directory (width**depth * files files)."""
+    entries = [(str(k), "0" * 32, 26) for k in range(files)]
+    tracemalloc.start()
+    try:
+        fold = Fold()
+        for leaf in itertools.product(range(width), repeat=depth):
+            fold.add_files("/".join(map(str, leaf)), list(entries))
+        fold.finish()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_memory_of_the_fold_does_not_grow_with_the_files() -> None:
+    """8x the files (one level deeper): the same peak, give or take one open directory
+    (the whole tree would take about 150 bytes a file: 10 MB at 65,536 files)."""
+    small, big = fold_peak(3), fold_peak(4)  # 8,192 and 65,536 files
+    assert big < small + (64 << 10), (small, big)
 
 
 def test_tree_documents_and_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -191,20 +333,68 @@ class FakeTerminal(io.StringIO):
         return True
 
 
-def test_progress_counts_files_while_the_walk_runs(tmp_path: Path) -> None:
-    """On a terminal the bar counts files from the first listing on, and ends with the
-    files and bytes hashed."""
-    eight = write_files(tmp_path / "eight", EIGHT)
-    storage = LocalStorage(eight)
+def test_progress_counts_files_and_bytes_on_a_terminal(tmp_path: Path) -> None:
     stream = FakeTerminal()
     with progress_bar("checksum", "files", stream, mininterval=0) as bar:
-        counts: list[int] = []
-        listed = storage.list
-        storage.list = lambda key: counts.append(bar.n) or listed(key)  # type: ignore[method-assign]
-        assert str(stored_checksum(storage, bar).digest()) == EIGHT_ROOT
-    assert counts[0] == 0 and counts[-1] > 0, counts
+        stored_checksum(LocalStorage(write_files(tmp_path / "eight", EIGHT)), bar)
     final = stream.getvalue().split("\r")[-1]
-    assert "8/8" in final and "197 B" in final and final.endswith("\n"), final
+    assert final.startswith("checksum: 8 files [") and final.endswith(", 197 B]\n"), final
+
+
+@pytest.mark.parametrize("kind", ["stored", "virtual"])
+def test_the_walk_runs_only_a_few_batches_ahead_of_the_fold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Files are hashed and folded (and counted by the bar) while the walk goes on, which
+    lists directories only a few batches ahead: the files listed and not folded yet stay
+    few, however many the tree holds (here batches of 2 files, 1 thread)."""
+    monkeypatch.setattr(hashing, "BATCH_FILES", 2)
+    monkeypatch.setattr(virtual, "BATCH_FILES", 2)
+    files = {f"d{i}/{j}": bytes([i, j]) for i in range(64) for j in range(8)}
+    source = write_files(tmp_path / "src", files)
+    if kind == "virtual":
+        shutil.rmtree(source)
+        array = zarr.create_array(
+            source, shape=(8, 8, 8), chunks=(1, 1, 1), shards=(4, 4, 4), dtype="u1"
+        )
+        array[...] = np.arange(512).reshape(8, 8, 8) % 250 + 1  # every chunk stored
+    storage = LocalStorage(source)
+    namespace = Namespace(storage, listing_cache=0)
+    ahead: list[int] = []
+    listed = 0
+    with progress_bar("checksum", "files", FakeTerminal()) as bar:
+
+        def count(found: int) -> None:
+            nonlocal listed
+            ahead.append(listed - bar.n)
+            listed += found
+
+        if kind == "stored":
+            list_storage = storage.list
+
+            def list_counted(key: str) -> list[Any]:
+                entries = list_storage(key)
+                count(sum(not e.stat.is_dir for e in entries))
+                return entries
+
+            monkeypatch.setattr(storage, "list", list_counted)
+            got = str(stored_checksum(storage, bar, workers=1))
+            assert got == reference(source)
+        else:
+            list_view = namespace.listing
+
+            def listing_counted(node: Any) -> Any:
+                listing = list_view(node)
+                count(
+                    sum(not a.is_dir for _, _, a in listing.entries) + sum(map(len, listing.runs))
+                )
+                return listing
+
+            monkeypatch.setattr(namespace, "listing", listing_counted)
+            virtual.virtual_checksum(namespace, bar, workers=1)
+        assert bar.n == listed >= 512
+    window = (hashing.AHEAD + 2) * 2  # tasks submitted ahead and due, one being gathered
+    assert max(ahead) <= window + 8, ahead  # and the files of the directory listed last
 
 
 # -- a source written by zarr-python 3 --------------------------------------------------
@@ -309,9 +499,8 @@ def test_each_shard_is_read_once_in_pieces(written: Path, monkeypatch: pytest.Mo
     chunks bigger than a piece are streamed), and the digest does not change."""
     storage = LocalStorage(written)
     namespace = Namespace(storage)
-    expected = virtual.virtual_checksum(namespace).digest()  # and the indexes are cached now
+    expected = virtual.virtual_checksum(namespace)  # and the indexes are cached now
     monkeypatch.setattr(hashing, "PIECE", 64)
-    monkeypatch.setattr(virtual, "PIECE", 64)
     monkeypatch.setattr(virtual, "GAP", 0)
     reads: dict[str, list[tuple[int, int]]] = {}
     original = storage.read
@@ -321,11 +510,32 @@ def test_each_shard_is_read_once_in_pieces(written: Path, monkeypatch: pytest.Mo
         return original(key, offset, length, version)
 
     monkeypatch.setattr(storage, "read", read)
-    assert virtual.virtual_checksum(namespace, workers=3).digest() == expected
+    assert virtual.virtual_checksum(namespace, workers=3) == expected
     assert any(len(ranges) > 1 for ranges in reads.values())
     for key, ranges in reads.items():
         assert all(a + n <= b for (a, n), (b, _) in itertools.pairwise(sorted(ranges))), key
         assert max(n for _, n in ranges) <= 64, key
+
+
+def test_a_shard_replaced_between_two_of_its_listings_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its chunks in one directory were hashed at one version, those of the next would be
+    at another: no checksum is both."""
+    source = tmp_path / "src"
+    array = zarr.create_array(source, shape=(4, 4), chunks=(1, 1), shards=(4, 4), dtype="u1")
+    array[...] = 1
+    namespace = Namespace(LocalStorage(source), listing_cache=0)
+    listing = namespace.listing
+
+    def replacing(node: Any) -> Any:
+        if node.path == "c/1":
+            array[3, 3] = 2  # the one shard, written anew
+        return listing(node)
+
+    monkeypatch.setattr(namespace, "listing", replacing)
+    with pytest.raises(SourceChanged, match="changed during the checksum"):
+        virtual.virtual_checksum(namespace)
 
 
 @pytest.mark.fuse
@@ -368,6 +578,12 @@ def test_a_chunk_failing_its_crc32c_is_named_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()  # the progress so far, then the error
     assert [line for line in err if line.startswith("shardfs:")] == err[-1:], err
     assert err[-1].startswith("shardfs: 1/1 (stored in ") and "crc32c" in err[-1], err
+    # --tree: the documents written before the failure go with it.
+    for out in (tmp_path / "new", tmp_path / "empty"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        args = ["checksum", "--virtual", "--view", "v2", "--tree", str(out), str(source)]
+        assert main(args) == 1
+        assert not out.exists() if out.name == "new" else not any(out.iterdir())
 
 
 # -- user.md5 -----------------------------------------------------------------------------

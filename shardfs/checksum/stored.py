@@ -1,60 +1,88 @@
 """The checksum of a source as stored: every object, shards included.
 
 Objects whose store keeps an ETag (S3) are taken from the listings alone,
-as DANDI does; all others are read and hashed in parallel. The private
-`.shardfs/` area of a local source is not part of it (the storage never
-shows it).
+as DANDI does; all others are read and hashed in parallel. The walk is depth
+first and its digests are folded directory by directory (`Fold`), so memory
+holds the listings on the walk's path and the batches in flight, not the
+tree. The private `.shardfs/` area of a local source is not part of it (the
+storage never shows it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+
 from tqdm import tqdm
 
-from shardfs.checksum.hashing import default_workers, hash_objects
-from shardfs.checksum.tree import ChecksumTree
-from shardfs.maintenance.progress import quiet, walked
-from shardfs.maintenance.report import format_size
+from shardfs.checksum.hashing import (
+    Block,
+    batches,
+    default_workers,
+    fold,
+    md5_range,
+    piece_size,
+)
+from shardfs.checksum.tree import Digest, DirectoryChecksum
 from shardfs.storage.base import Stat, Storage
 from shardfs.view.hierarchy import join
 
 
-def stored_objects(storage: Storage, progress: tqdm) -> list[tuple[str, Stat]]:
-    """(key, stat) of every object below the root; `progress` counts them."""
-    objects = []
+@dataclass(frozen=True)
+class _Object:
+    """An object of the walk, with its digest where the listing gives it (an ETag)."""
+
+    directory: str
+    name: str
+    stat: Stat
+    etag: str | None
+
+
+def _walk(storage: Storage) -> Iterator[_Object]:
+    """Every object below the root, depth first: a directory's objects, then its
+    subdirectories' (the stack holds the directories still to list)."""
     pending = [""]
     while pending:
         directory = pending.pop()
-        listed = len(objects)
         for entry in storage.list(directory):
-            key = join(directory, entry.name)
             if entry.stat.is_dir:
-                pending.append(key)
+                pending.append(join(directory, entry.name))
             else:
-                objects.append((key, entry.stat))
-        progress.update(len(objects) - listed)
-    return objects
+                yield _Object(directory, entry.name, entry.stat, storage.etag(entry.stat))
+
+
+def _weight(item: _Object) -> tuple[int, int]:
+    """(files, bytes to read) of an object, to size batches."""
+    return 1, 0 if item.etag is not None else item.stat.size
+
+
+def _hash(storage: Storage, piece: int, batch: list[_Object]) -> list[Block]:
+    """The (name, digest, size) of the objects of `batch`, by directory, in its order."""
+    blocks: list[Block] = []
+    for item in batch:
+        stat = item.stat
+        digest = item.etag
+        if digest is None:
+            key = join(item.directory, item.name)
+            digest = md5_range(storage, key, 0, stat.size, stat.version, piece)
+        if not blocks or blocks[-1][0] != item.directory:
+            blocks.append((item.directory, []))
+        blocks[-1][1].append((item.name, digest, stat.size))
+    return blocks
 
 
 def stored_checksum(
-    storage: Storage, progress: tqdm | None = None, workers: int | None = None
-) -> ChecksumTree:
-    """The tree of every stored object's digest; `progress` counts the objects listed, then
-    those read (none where the listings give every digest)."""
-    progress = quiet() if progress is None else progress
-    tree = ChecksumTree()
-    unknown = []
-    for key, stat in stored_objects(storage, progress):
-        etag = storage.etag(stat)
-        if etag is None:
-            unknown.append((key, stat))
-        else:
-            tree.add(key, etag, stat.size)
-    walked(progress, len(unknown))
-    done = 0
-    for batch in hash_objects(storage, unknown, workers or default_workers(storage)):
-        for key, digest, size in batch:
-            tree.add(key, digest, size)
-        done += sum(size for _, _, size in batch)
-        progress.set_postfix_str(format_size(done), refresh=False)
-        progress.update(len(batch))
-    return tree
+    storage: Storage,
+    progress: tqdm | None = None,
+    workers: int | None = None,
+    on_directory: Callable[[DirectoryChecksum], None] | None = None,
+) -> Digest:
+    """The checksum of every stored object; `progress` counts the objects and bytes,
+    `on_directory` gets each directory's checksum as it is made (see `Fold`)."""
+    workers = workers or default_workers(storage)
+    piece = piece_size(workers)
+    tasks = (
+        partial(_hash, storage, piece, batch) for batch in batches(_walk(storage), _weight, piece)
+    )
+    return fold(tasks, workers, progress, on_directory)

@@ -8,14 +8,23 @@ recursively; a child directory's entry carries that string and its total
 size. Directories without files do not exist for it. This is what the DANDI
 Archive and the `zarr_checksum` package compute, byte for byte, so digests
 made here compare with theirs.
+
+`Fold` computes it in one pass, in bounded memory: a directory's digest
+depends on its subtree alone, so a depth-first walk can make it as soon as it
+leaves the directory, and keep only the directories on its path (each with
+the entries found so far), never the tree. Entries are sorted when their
+directory is closed, so the walk may visit files and subdirectories in any
+order (shards' order, say) as long as it never comes back to a directory it
+left.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
 
 #: The checksum of a tree without files.
@@ -49,28 +58,21 @@ Item = tuple[str, str, int]
 
 @dataclass
 class Manifest:
-    """The entries of one directory, from which its digest is computed."""
+    """The entries of one directory, sorted by name, from which its digest is computed."""
 
     directories: list[Item]
     files: list[Item]
 
     def json(self) -> str:
         """The exact text DANDI hashes: `json.dumps` of {"directories": [...], "files": [...]},
-        compact, non-ASCII escaped, entries sorted by name (formatted here: 2x faster)."""
+        compact, non-ASCII escaped (formatted here: 2x faster)."""
         return f'{{"directories":[{_entries(self.directories)}],"files":[{_entries(self.files)}]}}'
-
-    def digest(self, text: str | None = None) -> Digest:
-        """The directory's digest (`text`: its `json()`, if the caller has it already)."""
-        md5 = hashlib.md5((self.json() if text is None else text).encode()).hexdigest()
-        count = len(self.files) + sum(Digest.parse(d).count for _, d, _ in self.directories)
-        size = sum(s for _, _, s in self.files) + sum(s for _, _, s in self.directories)
-        return Digest(md5, count, size)
 
 
 def _entries(items: list[Item]) -> str:
     """The entries as `json.dumps` writes them (with the encoder's own string quoting)."""
     return ",".join(
-        [f'{{"digest":{_quote(d)},"name":{_quote(n)},"size":{s:d}}}' for n, d, s in sorted(items)]
+        [f'{{"digest":{_quote(d)},"name":{_quote(n)},"size":{s:d}}}' for n, d, s in items]
     )
 
 
@@ -88,48 +90,106 @@ class DirectoryChecksum:
         return f'{{"checksums":{self.text},"digest":"{self.digest}"}}'
 
 
-class ChecksumTree:
-    """Files added one by one; directory digests computed bottom-up at the end.
+@dataclass
+class _Open:
+    """A directory the walk is in: its entries so far, and the files its closed
+    subdirectories hold."""
 
-    Paths are `/`-separated and relative to the root; every path is added once.
+    path: str
+    directories: list[Item] = field(default_factory=list)
+    files: list[Item] = field(default_factory=list)
+    below: int = 0
+
+    def close(self) -> DirectoryChecksum:
+        manifest = Manifest(_sorted(self.path, self.directories), _sorted(self.path, self.files))
+        text = manifest.json()
+        md5 = hashlib.md5(text.encode()).hexdigest()
+        size = sum(s for _, _, s in self.files) + sum(s for _, _, s in self.directories)
+        return DirectoryChecksum(
+            self.path, manifest, Digest(md5, len(self.files) + self.below, size), text
+        )
+
+
+def _sorted(path: str, items: list[Item]) -> list[Item]:
+    """`items` sorted by name, in place; a name twice means the walk came back to `path`
+    after leaving it, which would have given it two digests."""
+    items.sort()
+    for (name, _, _), (other, _, _) in itertools.pairwise(items):
+        if name == other:
+            raise ValueError(f"{'/'.join(filter(None, (path, name)))} added twice")
+    return items
+
+
+class Fold:
+    """The checksum of files added in a depth-first walk (see the module docstring).
+
+    Files come with their directory (`/`-separated, "" for the root); once a
+    file of another directory than the current one's subtree is added, the
+    current directory is closed for good. `on_directory` is called with each
+    directory that holds a file somewhere below it, deepest first, the root last.
     """
 
-    def __init__(self) -> None:
-        self._files: dict[str, list[Item]] = {}
-        self._count = 0
-
-    def __len__(self) -> int:
-        """The number of files added."""
-        return self._count
+    def __init__(self, on_directory: Callable[[DirectoryChecksum], None] | None = None) -> None:
+        self._open = [_Open("")]
+        self._on_directory = on_directory
+        #: Files added so far.
+        self.count = 0
 
     def add(self, path: str, digest: str, size: int) -> None:
         directory, _, name = path.rpartition("/")
-        files = self._files.get(directory)
-        if files is None:
-            files = self._files[directory] = []
-        files.append((name, digest, size))
-        self._count += 1
+        self.add_files(directory, [(name, digest, size)])
 
-    def directories(self) -> Iterator[DirectoryChecksum]:
-        """Every directory that holds a file somewhere below it, deepest first, root last."""
-        children: dict[str, list[Item]] = {}
-        paths = set(self._files)
-        for path in self._files:
-            while path:
-                path = path.rpartition("/")[0]
-                paths.add(path)
-        for path in sorted(paths, key=lambda p: -p.count("/") if p else 1):
-            manifest = Manifest(children.pop(path, []), self._files.get(path, []))
-            text = manifest.json()
-            digest = manifest.digest(text)
-            if path:
-                parent, _, name = path.rpartition("/")
-                children.setdefault(parent, []).append((name, str(digest), digest.size))
-            yield DirectoryChecksum(path, manifest, digest, text)
+    def add_files(self, directory: str, items: Iterable[Item]) -> None:
+        """Add files of `directory`: (name, digest, size) each."""
+        top = self._open[-1]
+        if directory != top.path:
+            top = self._enter(directory)
+        before = len(top.files)
+        top.files.extend(items)
+        self.count += len(top.files) - before
 
-    def digest(self) -> Digest:
-        """The checksum of the whole tree (EMPTY_CHECKSUM without files)."""
+    def finish(self) -> Digest:
+        """The checksum of the whole tree (EMPTY_CHECKSUM without files); closes every
+        directory still open."""
         root = Digest.parse(EMPTY_CHECKSUM)
-        for directory in self.directories():
-            root = directory.digest
+        while self._open:
+            closed = self._close()
+            if closed is not None:
+                root = closed.digest
         return root
+
+    def _enter(self, directory: str) -> _Open:
+        """Close the open directories `directory` is not in, open those down to it."""
+        while not _inside(directory, self._open[-1].path):
+            self._close()
+        top = self._open[-1]
+        if directory == top.path:
+            return top
+        below = directory[len(top.path) + 1 :] if top.path else directory
+        for name in below.split("/"):
+            if name in ("", ".", ".."):
+                raise ValueError(f"not a directory path: {directory!r}")
+            top = _Open(f"{top.path}/{name}" if top.path else name)
+            self._open.append(top)
+        return top
+
+    def _close(self) -> DirectoryChecksum | None:
+        """Close the deepest open directory; None if it holds no file (it does not exist
+        for the checksum)."""
+        node = self._open.pop()
+        if not node.files and not node.directories:
+            return None
+        closed = node.close()
+        if self._open:
+            parent = self._open[-1]
+            name = node.path.rpartition("/")[2]
+            parent.directories.append((name, str(closed.digest), closed.digest.size))
+            parent.below += closed.digest.count
+        if self._on_directory is not None:
+            self._on_directory(closed)
+        return closed
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or below it."""
+    return not directory or path == directory or path.startswith(directory + "/")

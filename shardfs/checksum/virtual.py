@@ -1,225 +1,280 @@
 """The checksum of the unsharded view: every file as a mount of the source shows it.
 
-Computed in-process over a `Namespace`, not through FUSE. The files are the
-view's listings, as a mount lists them. A chunk file's bytes are a range of
-its shard: each shard is read once, in big sequential pieces in offset order,
-and every chunk is hashed as a slice of a piece (as served, where the view
-serves other bytes than those stored: the v2 view cuts off a trailing
-crc32c, or decodes). Other files (metadata documents, files passed through)
-are read through the view. Reads and hashes run in a thread pool.
+Computed in-process over a `Namespace`, not through FUSE, in one depth-first
+walk of the view's listings (as a mount lists them) whose digests are folded
+directory by directory (`Fold`): memory holds the directories on the walk's
+path and the batches in flight, never the whole tree. Chunk directories are
+walked in grid order, so each shard is read front to back, a stretch of it
+at a time. A chunk file's bytes are a range of its shard: the chunks of a
+batch are read in offset order, in reads of up to a piece over small gaps,
+and each is hashed as a slice of its read (as served, where the view serves
+other bytes than those stored: the v2 view cuts off a trailing crc32c, or
+decodes). Other files (metadata documents, files passed through) are read
+through the view. Batches are hashed in a thread pool and folded in the
+walk's order.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from shardfs.checksum.hashing import (
-    PIECE,
+    BATCH_FILES,
+    Block,
     batches,
     default_workers,
+    fold,
     md5_range,
     md5_reader,
-    parallel,
+    piece_size,
 )
-from shardfs.checksum.tree import ChecksumTree
+from shardfs.checksum.tree import Digest, DirectoryChecksum, Item
 from shardfs.errors import CorruptData, SourceChanged
 from shardfs.formats.zarr_v2 import Transform
-from shardfs.maintenance.progress import quiet, walked
-from shardfs.maintenance.report import format_size
-from shardfs.storage.base import Stat
-from shardfs.view.namespace import ArrayView, Namespace, Node
+from shardfs.view.namespace import Namespace
+from shardfs.view.nodes import ChunkRun, Node, Role
 
 #: Bytes between two chunks of a shard read over rather than starting a new read (at least).
 GAP = 256 << 10
+#: Shards whose listed version is remembered (the most recently listed).
+SHARDS_KEPT = 1 << 16
 
 
-@dataclass
-class _Hashed:
-    """Files hashed by one task: their indexes, digests and sizes (as served)."""
+@dataclass(frozen=True)
+class _File:
+    """A file read through the view: a metadata document, a file passed through."""
 
-    indexes: list[int] = field(default_factory=list)
-    digests: list[str] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)
+    directory: str
+    name: str
+    node: Node
+    size: int
 
 
-@dataclass
-class _Shard:
-    """The chunk files served from one shard (or plain chunk object), in arrays added per
-    listing: their offsets and sizes in the shard and their file indexes."""
+@dataclass(frozen=True, eq=False)
+class _Chunks:
+    """Chunk files of one directory (a stretch of a listing's run): the shard each is
+    stored in (a row of `shards`: key and listed version), its extent there (offset,
+    nbytes), and how the view serves stored bytes (None: as they are)."""
 
-    key: str
-    version: Hashable
+    directory: str
+    names: list[str]
+    shard: np.ndarray
+    shards: list[tuple[str, Hashable]]
+    extents: np.ndarray
     serve: Callable[[bytes], bytes] | None
-    offsets: list[np.ndarray] = field(default_factory=list)
-    nbytes: list[np.ndarray] = field(default_factory=list)
-    indexes: list[np.ndarray] = field(default_factory=list)
 
 
-@dataclass
-class _Read:
-    """One read of a shard: [start, end), and the chunks inside it."""
-
-    shard: _Shard
-    start: int
-    end: int
-    offsets: list[int]
-    nbytes: list[int]
-    indexes: list[int]
+def _weight(item: _File | _Chunks) -> tuple[int, int]:
+    """(files, bytes to read) of an item, to size batches."""
+    if isinstance(item, _File):
+        return 1, item.size
+    return len(item.names), int(item.extents[:, 1].sum())
 
 
-class _Files:
-    """Every file of the view, found by walking its listings. Chunk files come in runs
-    (see `Listing`), so they are added in bulk, with their extents in their shards."""
+class _Versions:
+    """The version each shard was listed at, for the last SHARDS_KEPT shards listed: a shard
+    listed at two versions (replaced between the listings of two of its directories)
+    fails the checksum rather than mixing them. The walk lists a shard's directories
+    close together, so a few shards' worth is all it needs."""
 
-    def __init__(self, namespace: Namespace, progress: tqdm) -> None:
+    def __init__(self, namespace: Namespace) -> None:
         self.ns = namespace
-        self.paths: list[str] = []
-        self.sizes: list[int] = []
-        self.shards: dict[str, _Shard] = {}
-        self.others: list[tuple[int, Node]] = []
-        pending = [namespace.root()]
-        while pending:
-            directory = pending.pop()
-            listing = namespace.listing(directory)
-            listed = len(self.paths)
-            for _, node, attr in listing.entries:
-                if attr.is_dir:
-                    pending.append(node)
-                else:
-                    self.others.append((len(self.paths), node))
-                    self.paths.append(node.path)
-                    self.sizes.append(attr.size)
-            for run in listing.runs:
-                first = len(self.paths)
-                base = run.directory + "/" if run.directory else ""
-                self.paths += [base + name for name in run.names()]
-                self.sizes += run.sizes.tolist()
-                indexes = np.arange(first, len(self.paths))
-                for i, (key, stat) in enumerate(run.shards):
-                    mine = run.shard == i
-                    self._add(self._shard(run.array, key, stat), run.extents[mine], indexes[mine])
-            progress.update(len(self.paths) - listed)
+        self._seen: OrderedDict[str, Hashable] = OrderedDict()
 
-    def _shard(self, array: ArrayView, key: str, stat: Stat) -> _Shard:
-        """The shard's record, made on first sight; its chunks must come from one version."""
-        shard = self.shards.get(key)
-        if shard is None:
-            v2 = array.v2
-            serve = None if v2 is None or v2.transform is Transform.RAW else v2.serve
-            shard = self.shards[key] = _Shard(key, stat.version, serve)
-        elif shard.version != stat.version:
+    def check(self, key: str, version: Hashable) -> tuple[str, Hashable]:
+        if key not in self._seen:
+            self._seen[key] = version
+            if len(self._seen) > SHARDS_KEPT:
+                self._seen.popitem(last=False)
+        elif self._seen[key] != version:
             raise SourceChanged(f"{self.ns.storage.describe(key)} changed during the checksum")
-        return shard
-
-    @staticmethod
-    def _add(shard: _Shard, extents: np.ndarray, indexes: np.ndarray) -> None:
-        shard.offsets.append(extents[:, 0].astype(np.int64))
-        shard.nbytes.append(extents[:, 1].astype(np.int64))
-        shard.indexes.append(indexes)
-
-
-def _reads(shard: _Shard, gap: int) -> Iterator[_Read]:
-    """The shard's chunks in offset order, gathered into reads of up to PIECE bytes
-    (a bigger chunk is a read of its own) over gaps of up to `gap` bytes."""
-    offsets = np.concatenate(shard.offsets)
-    order = np.argsort(offsets, kind="stable")
-    nbytes = np.concatenate(shard.nbytes)[order].tolist()
-    indexes = np.concatenate(shard.indexes)[order].tolist()
-    offsets = offsets[order].tolist()
-    first = 0
-    start = end = offsets[0]
-    for i, (offset, size) in enumerate(zip(offsets, nbytes, strict=True)):
-        if i > first and (offset - end > gap or max(end, offset + size) - start > PIECE):
-            yield _Read(shard, start, end, offsets[first:i], nbytes[first:i], indexes[first:i])
-            first, start, end = i, offset, offset
-        end = max(end, offset + size)
-    yield _Read(shard, start, end, offsets[first:], nbytes[first:], indexes[first:])
-
-
-def _hash_reads(ns: Namespace, paths: list[str], reads: list[_Read]) -> _Hashed:
-    storage = ns.storage
-    hashed = _Hashed()
-    for read in reads:
-        shard = read.shard
-        hashed.indexes += read.indexes
-        if read.end - read.start > PIECE and shard.serve is None:  # one big chunk: streamed
-            hashed.digests.append(
-                md5_range(storage, shard.key, read.start, read.end - read.start, shard.version)
-            )
-            hashed.sizes += read.nbytes
-            continue
-        data = memoryview(storage.read(shard.key, read.start, read.end - read.start, shard.version))
-        pieces = [
-            data[o - read.start : o - read.start + n]
-            for o, n in zip(read.offsets, read.nbytes, strict=True)
-        ]
-        if shard.serve is not None:
-            pieces = [
-                _serve(ns, shard, piece, paths[i])
-                for piece, i in zip(pieces, read.indexes, strict=True)
-            ]
-            hashed.sizes += [len(piece) for piece in pieces]
         else:
-            hashed.sizes += read.nbytes
-        hashed.digests += [hashlib.md5(piece).hexdigest() for piece in pieces]
-    return hashed
+            self._seen.move_to_end(key)
+        return key, version
 
 
-def _serve(ns: Namespace, shard: _Shard, stored: memoryview, path: str) -> bytes:
-    """The bytes the view serves for a stored chunk (a v2 chunk)."""
-    assert shard.serve is not None
+def _walk(namespace: Namespace) -> Iterator[_File | _Chunks]:
+    """Every file of the view, depth first: a directory's files, then its subdirectories
+    (chunk directories in grid order, others by name)."""
+    versions = _Versions(namespace)
+    pending: list[Iterator[Node]] = [iter([namespace.root()])]
+    while pending:
+        directory = next(pending[-1], None)
+        if directory is None:
+            pending.pop()
+            continue
+        listing = namespace.listing(directory)
+        children = []
+        for name, node, attr in listing.entries:
+            if attr.is_dir:
+                children.append(node)
+            else:
+                yield _File(directory.path, name, node, attr.size)
+        for run in listing.runs:
+            yield from _stretches(run, versions)
+        children.sort(key=_walk_order)
+        pending.append(iter(children))
+
+
+def _walk_order(node: Node) -> tuple[Any, ...]:
+    """Chunk directories in grid order: chunks are stored in it, so the walk reads each
+    shard front to back (and needs few of their indexes at a time)."""
+    return (0, node.coords) if node.role is Role.CHUNK_DIR else (1, node.path)
+
+
+def _stretches(run: ChunkRun, versions: _Versions) -> Iterator[_Chunks]:
+    """The run's chunks in stretches of at most BATCH_FILES."""
+    shards = [versions.check(key, stat.version) for key, stat in run.shards]
+    v2 = run.array.v2
+    serve = None if v2 is None or v2.transform is Transform.RAW else v2.serve
+    for start in range(0, len(run), BATCH_FILES):
+        stop = start + BATCH_FILES
+        names = run.names(start, stop)
+        shard, extents = run.shard[start:stop], run.extents[start:stop]
+        yield _Chunks(run.directory, names, shard, shards, extents, serve)
+
+
+def _hash(ns: Namespace, gap: int, piece: int, batch: list[_File | _Chunks]) -> list[Block]:
+    """The (name, digest, size) of the files of `batch`, by directory, in its order."""
+    chunks = [item for item in batch if isinstance(item, _Chunks)]
+    digests, sizes = _hash_chunks(ns, chunks, gap, piece) if chunks else ([], [])
+    blocks: list[Block] = []
+    at = 0
+    for item in batch:
+        entries: list[Item]
+        if isinstance(item, _File):
+            with ns.open(item.node) as reader:
+                entries = [(item.name, md5_reader(reader, piece), reader.size)]
+        else:
+            end = at + len(item.names)
+            entries = list(zip(item.names, digests[at:end], sizes[at:end], strict=True))
+            at = end
+        if blocks and blocks[-1][0] == item.directory:
+            blocks[-1][1].extend(entries)
+        else:
+            blocks.append((item.directory, entries))
+    return blocks
+
+
+def _hash_chunks(
+    ns: Namespace, chunks: list[_Chunks], gap: int, piece: int
+) -> tuple[list[str], list[int]]:
+    """The digests and served sizes of the chunk files of `chunks`, in their order.
+
+    The chunks are read in (shard, offset) order, gathered into reads of up to
+    `piece` bytes over gaps of up to `gap` bytes; a bigger chunk is a read of
+    its own, streamed unless the view serves other bytes than those stored.
+    """
+    ids: dict[tuple[str, Hashable], int] = {}
+    serves: dict[int, Callable[[bytes], bytes] | None] = {}
+    rows = []
+    for item in chunks:
+        local = np.array([ids.setdefault(shard, len(ids)) for shard in item.shards], np.int64)
+        serves.update(dict.fromkeys(local.tolist(), item.serve))
+        rows.append(local[item.shard])
+    shard_of = np.concatenate(rows)
+    extents = np.concatenate([item.extents for item in chunks]).astype(np.int64)
+    order = np.lexsort((extents[:, 0], shard_of))
+    shards = list(ids)
+    digests = [""] * len(order)
+    sizes = [0] * len(order)
+    rows_by_read = itertools.groupby(
+        zip(
+            shard_of[order].tolist(),
+            extents[order, 0].tolist(),
+            extents[order, 1].tolist(),
+            order.tolist(),
+            strict=True,
+        ),
+        key=_Reads(gap, piece),
+    )
+    for _, group in rows_by_read:
+        read = list(group)
+        shard = read[0][0]
+        key, version = shards[shard]
+        serve = serves[shard]
+        start = read[0][1]
+        end = max(offset + nbytes for _, offset, nbytes, _ in read)
+        if end - start > piece and serve is None:  # one chunk bigger than a piece: streamed
+            ((_, offset, nbytes, slot),) = read
+            digests[slot] = md5_range(ns.storage, key, offset, nbytes, version, piece)
+            sizes[slot] = nbytes
+            continue
+        data = memoryview(ns.storage.read(key, start, end - start, version))
+        for _, offset, nbytes, slot in read:
+            stored = data[offset - start : offset - start + nbytes]
+            served = stored if serve is None else _serve(ns, key, serve, stored, chunks, slot)
+            digests[slot] = hashlib.md5(served).hexdigest()
+            sizes[slot] = len(served)
+    return digests, sizes
+
+
+class _Reads:
+    """A `groupby` key that numbers the reads rows sorted by (shard, offset) fall into:
+    a new read starts at another shard, after a gap over `gap` bytes, or where the read
+    would grow over `piece` bytes."""
+
+    def __init__(self, gap: int, piece: int) -> None:
+        self.gap, self.piece = gap, piece
+        self.read = -1
+        self.shard = self.start = self.end = -1
+
+    def __call__(self, row: tuple[int, int, int, int]) -> int:
+        shard, offset, nbytes, _ = row
+        if (
+            shard != self.shard
+            or offset - self.end > self.gap
+            or max(self.end, offset + nbytes) - self.start > self.piece
+        ):
+            self.read += 1
+            self.shard, self.start, self.end = shard, offset, offset
+        self.end = max(self.end, offset + nbytes)
+        return self.read
+
+
+def _serve(
+    ns: Namespace,
+    key: str,
+    serve: Callable[[bytes], bytes],
+    stored: memoryview,
+    chunks: list[_Chunks],
+    slot: int,
+) -> bytes:
+    """The bytes the view serves for a stored chunk (a v2 chunk); a chunk that fails its
+    check is named by its path in the view."""
     try:
-        return shard.serve(bytes(stored))
+        return serve(bytes(stored))
     except CorruptData as e:
-        where = ns.storage.describe(shard.key)
-        raise CorruptData(f"{path} (stored in {where}): {e}") from None
-
-
-def _hash_files(ns: Namespace, files: list[tuple[int, Node]]) -> _Hashed:
-    hashed = _Hashed()
-    for index, node in files:
-        with ns.open(node) as reader:
-            hashed.indexes.append(index)
-            hashed.digests.append(md5_reader(reader))
-            hashed.sizes.append(reader.size)
-    return hashed
+        starts = list(itertools.accumulate((len(item.names) for item in chunks), initial=0))
+        i = bisect.bisect_right(starts, slot) - 1
+        item, name = chunks[i], chunks[i].names[slot - starts[i]]
+        path = f"{item.directory}/{name}" if item.directory else name
+        raise CorruptData(f"{path} (stored in {ns.storage.describe(key)}): {e}") from None
 
 
 def virtual_checksum(
-    namespace: Namespace, progress: tqdm | None = None, workers: int | None = None
-) -> ChecksumTree:
-    """The tree of every view file's digest; `progress` counts the files listed, then the
-    files (and bytes) hashed."""
-    progress = quiet() if progress is None else progress
-    files = _Files(namespace, progress)
+    namespace: Namespace,
+    progress: tqdm | None = None,
+    workers: int | None = None,
+    on_directory: Callable[[DirectoryChecksum], None] | None = None,
+) -> Digest:
+    """The checksum of every file of the view; `progress` counts the files and bytes hashed,
+    `on_directory` gets each directory's checksum as it is made (see `Fold`)."""
+    workers = workers or default_workers(namespace.storage)
+    piece = piece_size(workers)
     gap = max(GAP, namespace.storage.request_cost)
-    reads = [read for shard in files.shards.values() for read in _reads(shard, gap)]
-    tasks: list[Callable[[], _Hashed]] = [
-        partial(_hash_files, namespace, batch)
-        for batch in batches(files.others, lambda item: files.sizes[item[0]])
-    ]
-    tasks += [
-        partial(_hash_reads, namespace, files.paths, group)
-        for group in batches(reads, lambda read: read.end - read.start)
-    ]
-    digests = [""] * len(files.paths)
-    sizes = files.sizes
-    walked(progress, len(digests))
-    done = 0
-    for hashed in parallel(tasks, workers or default_workers(namespace.storage)):
-        for index, digest, size in zip(hashed.indexes, hashed.digests, hashed.sizes, strict=True):
-            digests[index] = digest
-            sizes[index] = size
-        done += sum(hashed.sizes)
-        progress.set_postfix_str(format_size(done), refresh=False)
-        progress.update(len(hashed.indexes))
-    tree = ChecksumTree()
-    for path, digest, size in zip(files.paths, digests, sizes, strict=True):
-        tree.add(path, digest, size)
-    return tree
+    tasks = (
+        partial(_hash, namespace, gap, piece, batch)
+        for batch in batches(_walk(namespace), _weight, piece)
+    )
+    return fold(tasks, workers, progress, on_directory)

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
+from collections.abc import Callable, Iterator
+from functools import partial
 
 from tqdm import tqdm
 
-from shardfs.checksum import (
-    EMPTY_CHECKSUM,
-    ChecksumTree,
-    Digest,
-    stored_checksum,
-    virtual_checksum,
-)
+from shardfs.checksum import Digest, DirectoryChecksum, stored_checksum, virtual_checksum
 from shardfs.cli.options import MountOptions, add_option_argument, parse_options_for
 from shardfs.errors import ShardfsError, UsageError
 from shardfs.maintenance import progress_bar
@@ -60,13 +58,12 @@ def run(args: argparse.Namespace) -> int:
     if args.tree is not None:
         _check_empty(args.tree)
     try:
-        with progress_bar("checksum", "files") as progress:
-            tree = _compute(args, options, progress)
+        with progress_bar("checksum", "files") as progress, documents(args.tree) as on_directory:
+            digest = _compute(args, options, progress, on_directory)
     except ShardfsError as e:
         if not e.logged:
             raise
         return 1  # its line is written already
-    digest = tree.digest() if args.tree is None else write_documents(tree, args.tree)
     if args.json:
         print(json.dumps({"digest": str(digest), "count": digest.count, "size": digest.size}))
     else:
@@ -80,7 +77,12 @@ def _options(args: argparse.Namespace) -> MountOptions:
     return options
 
 
-def _compute(args: argparse.Namespace, options: MountOptions, progress: tqdm) -> ChecksumTree:
+def _compute(
+    args: argparse.Namespace,
+    options: MountOptions,
+    progress: tqdm,
+    on_directory: Callable[[DirectoryChecksum], None] | None,
+) -> Digest:
     if args.virtual:
         from shardfs.cli import open_source  # here: shardfs.cli imports this module
         from shardfs.view import Namespace, View
@@ -95,15 +97,16 @@ def _compute(args: argparse.Namespace, options: MountOptions, progress: tqdm) ->
             view=View(args.view or "v3"),
             hierarchy=hierarchy,
             read_cache=0,  # shards are read in big pieces, never chunk by chunk
+            listing_cache=0,  # the walk lists each directory once
         )
-        return virtual_checksum(namespace, progress)
+        return virtual_checksum(namespace, progress, on_directory=on_directory)
     from shardfs.cli import open_storage  # here: shardfs.cli imports this module
 
     storage = open_storage(args.source, options)
-    tree = stored_checksum(storage, progress)
-    if args.source.startswith("s3://") and not len(tree):
+    digest = stored_checksum(storage, progress, on_directory=on_directory)
+    if args.source.startswith("s3://") and not digest.count:
         raise UsageError(f"source {args.source} holds no objects")
-    return tree
+    return digest
 
 
 def _check_empty(directory: str) -> None:
@@ -112,18 +115,38 @@ def _check_empty(directory: str) -> None:
         raise UsageError(f"--tree {directory} must be a new or empty directory")
 
 
-def write_documents(tree: ChecksumTree, directory: str) -> Digest:
-    """Write each directory's `.checksum` document at its path below `directory`, as DANDI
-    stores them; return the root's digest."""
-    digest = Digest.parse(EMPTY_CHECKSUM)
+@contextlib.contextmanager
+def documents(directory: str | None) -> Iterator[Callable[[DirectoryChecksum], None] | None]:
+    """Where each directory's `.checksum` document goes as the checksum makes it: below
+    `directory` (new or empty), or nowhere (None). A run that fails leaves `directory` as
+    it found it, never a partial tree."""
+    if directory is None:
+        yield None
+        return
+    created = not os.path.exists(directory)
     os.makedirs(directory, exist_ok=True)
-    for node in tree.directories():
-        parts = node.path.split("/") if node.path else []
-        if any(part in ("", ".", "..") for part in parts):
-            raise UsageError(f"cannot write a .checksum document for the path {node.path!r}")
-        target = os.path.join(directory, *parts)
-        os.makedirs(target, exist_ok=True)
-        with open(os.path.join(target, ".checksum"), "w", encoding="ascii") as f:
-            f.write(node.document())
-        digest = node.digest
-    return digest
+    try:
+        yield partial(write_document, directory)
+    except BaseException:
+        if created:
+            shutil.rmtree(directory, ignore_errors=True)
+        else:
+            for name in os.listdir(directory):
+                path = os.path.join(directory, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+        raise
+
+
+def write_document(directory: str, node: DirectoryChecksum) -> None:
+    """Write a directory's `.checksum` document at its path below `directory`, as DANDI
+    stores them."""
+    parts = node.path.split("/") if node.path else []
+    if any(part in ("", ".", "..") for part in parts):
+        raise UsageError(f"cannot write a .checksum document for the path {node.path!r}")
+    target = os.path.join(directory, *parts)
+    os.makedirs(target, exist_ok=True)
+    with open(os.path.join(target, ".checksum"), "w", encoding="ascii") as f:
+        f.write(node.document())
