@@ -1,4 +1,4 @@
-"""The pyfuse3 adapter: translates kernel requests into `Namespace` calls.
+"""The pyfuse3 adapter: translates kernel requests into calls of a view (`ViewInterface`).
 
 This is the only place that knows about FUSE. Every handler runs its core
 call first on the event loop in non-blocking mode and, if that would wait for
@@ -47,10 +47,10 @@ from shardfs.errors import (
 )
 from shardfs.fuse.inodes import InodeTable
 from shardfs.storage.blocking import WouldBlock, nonblocking
-from shardfs.view import Attr, Namespace, Node, Reader, Role
+from shardfs.view import Attr, Node, Reader
+from shardfs.view.interface import ViewInterface, Writes
 from shardfs.view.nodes import ChunkRun, Listing
-from shardfs.writeback import Handle, Workspace
-from shardfs.writeback.overlay import Kind
+from shardfs.writeback import Handle
 
 log = logging.getLogger("shardfs")
 
@@ -240,7 +240,7 @@ class _ByInode(Generic[V]):
 
 
 class Operations(pyfuse3.Operations):
-    """The FUSE file system over a `Namespace` (read-only) or a `Workspace` (read-write).
+    """The FUSE file system over a view: read-only, or read-write where `view.writes` is.
 
     Every request runs inline first (see `_run`). Changes to the namespace
     are safe to retry in a thread because the workspace does all their I/O
@@ -251,10 +251,10 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, view: Namespace | Workspace, config: MountConfig) -> None:
+    def __init__(self, view: ViewInterface, config: MountConfig) -> None:
         super().__init__()
         self.view = view
-        self.workspace = view if isinstance(view, Workspace) else None
+        self.writes = view.writes
         self.config = config
         self.inodes = InodeTable(view.root(), config.inodes)
         self._limiter = trio.CapacityLimiter(config.workers)
@@ -271,6 +271,7 @@ class Operations(pyfuse3.Operations):
         self._dir_listings: _ByInode[Listing] = _ByInode(
             INODE_LISTINGS, lambda inode, _: self._windows.pop(inode, None)
         )
+        self._digests: ChunkDigests | None = None
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
         #: FUSE requests by handler, and error replies by errno, for `shardfs stats`
@@ -306,10 +307,10 @@ class Operations(pyfuse3.Operations):
         except KeyError:
             raise NotFound(f"inode {ino}") from None
 
-    def _writable(self) -> Workspace:
-        if self.workspace is None:
+    def _writable(self) -> Writes:
+        if self.writes is None:
             raise ReadOnly("this mount is read-only")
-        return self.workspace
+        return self.writes
 
     def _entry(self, ino: int, attr: Attr, removed: bool = False) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()
@@ -515,11 +516,11 @@ class Operations(pyfuse3.Operations):
                 raise NotFound(f"inode {inode}: removed; its open files are readers")
             return self._open_file(inode, handle)
         node = self._node(inode)
-        if self.workspace is None:
+        if self.writes is None:
             if flags & _WRITE_FLAGS:
                 raise ReadOnly("this mount is read-only")
             return self._open_file(inode, await self._run(self.view.open, node))
-        return self._open_file(inode, await self._run(self.workspace.open, node, flags))
+        return self._open_file(inode, await self._run(self.writes.open, node, flags))
 
     @_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -559,7 +560,7 @@ class Operations(pyfuse3.Operations):
 
     @_errors
     async def flush(self, fh: int) -> None:
-        if self.workspace is None:
+        if self.writes is None:
             # Nothing to store on close: ENOSYS tells the kernel to stop sending flushes,
             # which saves a round trip on every close of a read-only mount.
             raise Unimplemented("flush: nothing is stored on close")
@@ -567,7 +568,7 @@ class Operations(pyfuse3.Operations):
         if isinstance(handle, Handle):
             # Metadata documents and files of arrays shown unchanged are stored on close
             # (I/O, under the workspace lock).
-            if handle.entry.kind in (Kind.METADATA, Kind.PASSTHROUGH):
+            if handle.stores_on_close:
                 await self._thread(self._writable().flush, handle)
             else:
                 await self._run(self._writable().flush, handle)
@@ -580,7 +581,7 @@ class Operations(pyfuse3.Operations):
 
     @_errors
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        if self.workspace is not None and await self._thread(self.workspace.sync):
+        if self.writes is not None and await self._thread(self.writes.sync):
             raise StorageError("some buffered chunks could not be committed (see the log)")
 
     async def release(self, fh: int) -> None:
@@ -591,8 +592,8 @@ class Operations(pyfuse3.Operations):
         if not files:
             self._files_of.pop(inode, None)
         if isinstance(handle, Handle):
-            if self.workspace is not None:
-                self.workspace.release(handle)
+            if self.writes is not None:
+                self.writes.release(handle)
         elif handle is not None and not any(self._handles[f] is handle for f in files):
             handle.close()  # its last descriptor (one reader may serve several, see `open`)
 
@@ -602,11 +603,11 @@ class Operations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        workspace = self._writable()
+        writes = self._writable()
         if not stat.S_ISREG(mode) and stat.S_IFMT(mode):
             raise NotPermitted("only regular files can be created")
         parent = self._node(parent_inode)
-        node, attr, handle = await self._run(workspace.create, parent, os.fsdecode(name))
+        node, attr, handle = await self._run(writes.create, parent, os.fsdecode(name))
         entry = self._reply(node, attr)
         return self._open_file(entry.st_ino, handle), entry
 
@@ -614,8 +615,8 @@ class Operations(pyfuse3.Operations):
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        workspace = self._writable()
-        node, attr = await self._run(workspace.mkdir, self._node(parent_inode), os.fsdecode(name))
+        writes = self._writable()
+        node, attr = await self._run(writes.mkdir, self._node(parent_inode), os.fsdecode(name))
         return self._reply(node, attr)
 
     @_errors
@@ -638,16 +639,14 @@ class Operations(pyfuse3.Operations):
         flags: int,
         ctx: pyfuse3.RequestContext,
     ) -> None:
-        workspace = self._writable()
+        writes = self._writable()
         if flags & ~pyfuse3.RENAME_NOREPLACE:
             raise InvalidRequest("rename: only RENAME_NOREPLACE is supported")  # not EXCHANGE
         old, new = self._node(parent_inode_old), self._node(parent_inode_new)
         old_name, new_name = os.fsdecode(name_old), os.fsdecode(name_new)
         noreplace = bool(flags & pyfuse3.RENAME_NOREPLACE)
 
-        was, now, replaced = await self._run(
-            workspace.rename, old, old_name, new, new_name, noreplace
-        )
+        was, now, replaced = await self._run(writes.rename, old, old_name, new, new_name, noreplace)
         if replaced:
             self.inodes.unlink(now)  # the file renamed over lives on in its open files
         self.inodes.move(was, now)
@@ -656,9 +655,9 @@ class Operations(pyfuse3.Operations):
     async def link(
         self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        workspace = self._writable()
+        writes = self._writable()
         node, parent = self._node(inode), self._node(new_parent_inode)
-        target, attr = await self._run(workspace.link, node, parent, os.fsdecode(new_name))
+        target, attr = await self._run(writes.link, node, parent, os.fsdecode(new_name))
         return self._reply(target, attr)
 
     @_errors
@@ -670,7 +669,7 @@ class Operations(pyfuse3.Operations):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
-        workspace = self._writable()
+        writes = self._writable()
         removed = self.inodes.removed(inode)
         # ftruncate names the open file: its path may have been unlinked or renamed over.
         handle = self._handles.get(fh) if fh is not None else None
@@ -678,11 +677,11 @@ class Operations(pyfuse3.Operations):
             handle = self._open_file_of(inode)
         if fields.update_size:
             if isinstance(handle, Handle):
-                result = await self._run(workspace.truncate_open, handle, attr.st_size)
+                result = await self._run(writes.truncate_open, handle, attr.st_size)
             elif removed:  # open for reading only: not ours to cut
                 raise NotFound(f"inode {inode}: removed, and open for reading only")
             else:
-                result = await self._run(workspace.truncate, self._node(inode), attr.st_size)
+                result = await self._run(writes.truncate, self._node(inode), attr.st_size)
         elif handle is not None and removed:
             result = handle.attr()
         else:
@@ -708,22 +707,16 @@ class Operations(pyfuse3.Operations):
 
     # -- extended attributes ----------------------------------------------------------
 
-    @functools.cached_property
-    def _digests(self) -> ChunkDigests:
-        """The md5s behind `user.md5`, made on first use (most mounts are never asked)."""
-        return ChunkDigests(self.workspace.ns if self.workspace is not None else self.view)
-
-    def _has_md5(self, node: Node) -> bool:
-        """Chunk files of a Zarr view have `user.md5`, unless written through the mount and
-        not yet committed (their bytes are in the write buffer, not in a shard)."""
-        if node.role is not Role.CHUNK:
-            return False
-        if self.workspace is not None:
-            return self.workspace.overlay.entry(node.path) is None
-        return isinstance(self.view, Namespace)
-
     def _md5(self, node: Node) -> str | None:
-        return self._digests.md5(node) if self._has_md5(node) else None
+        """The md5 behind `user.md5`, of chunk files whose bytes are served as stored,
+        kept by where they are stored (the digests are made on first use: most mounts
+        are never asked)."""
+        namespace = self.view.digest_source(node)
+        if namespace is None:
+            return None
+        if self._digests is None:
+            self._digests = ChunkDigests(namespace)
+        return self._digests.md5(node)
 
     @_errors
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
@@ -736,4 +729,4 @@ class Operations(pyfuse3.Operations):
 
     @_errors
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
-        return [MD5_XATTR] if self._has_md5(self._node(inode)) else []
+        return [MD5_XATTR] if self.view.digest_source(self._node(inode)) is not None else []

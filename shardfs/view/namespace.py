@@ -374,6 +374,12 @@ class Namespace(Resolves):
         self._shard_keys: dict[tuple[str, Hashable, tuple[int, ...]], str] = {}
         self._snapshots = threading.local()
 
+    #: A namespace is read-only; `Workspace` is its writable side (see `ViewInterface`).
+    writes: None = None
+
+    def digest_source(self, node: Node) -> Namespace | None:
+        return self if node.role is Role.CHUNK else None
+
     def stats(self) -> dict[str, Any]:
         """Figures for `shardfs stats`: what the source was asked, and each cache's."""
         source = self.storage.stats()

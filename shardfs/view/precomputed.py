@@ -205,6 +205,12 @@ class PrecomputedNamespace(Resolves):
 
     # -- classification ----------------------------------------------------------------
 
+    #: Precomputed sources are mounted read-only (see `ViewInterface`).
+    writes: None = None
+
+    def digest_source(self, node: Node) -> None:
+        return None  # `user.md5` is a Zarr view's
+
     def stats(self) -> dict[str, Any]:
         """Figures for `shardfs stats`: what the source was asked, and each cache's."""
         source = self.storage.stats()

@@ -86,6 +86,10 @@ class Handle:
         """The open file as it is now, wherever (or whether) it is in the view."""
         return Attr(False, self.entry.blob.size, self.entry.blob.mtime_ns)
 
+    @property
+    def stores_on_close(self) -> bool:
+        return self.entry.kind in STORED
+
 
 class Workspace:
     def __init__(
@@ -118,6 +122,16 @@ class Workspace:
             self._mutating.release()
 
     # -- reading ------------------------------------------------------------------------
+
+    @property
+    def writes(self) -> Workspace:
+        return self
+
+    def digest_source(self, node: Node) -> Namespace | None:
+        """Chunks written through the mount and not yet committed have no stored bytes."""
+        if node.role is not Role.CHUNK or self.overlay.entry(node.path) is not None:
+            return None
+        return self.ns
 
     def stats(self) -> dict[str, Any]:
         """The view's figures (`Namespace.stats`), and the commits of this mount."""
@@ -221,7 +235,7 @@ class Workspace:
         entries.sort(key=lambda item: item[0])
         return Listing(entries, [run for run in runs if len(run)])
 
-    def open(self, node: Node, flags: int) -> Reader | Handle:
+    def open(self, node: Node, flags: int = os.O_RDONLY) -> Reader | Handle:
         """Open for reading from the source, or for writing into the buffer."""
         entry = self.overlay.entry(node.path)
         if isinstance(entry, Whiteout):

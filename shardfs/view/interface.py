@@ -1,0 +1,121 @@
+"""What a front end needs of a view: the one interface the FUSE adapter programs against.
+
+Three classes implement it: `Namespace` (a Zarr source, read-only), `Workspace`
+(a Zarr source, read-write) and `PrecomputedNamespace` (a Neuroglancer precomputed
+source, read-only). A front end asks `writes` for the writable side instead of
+checking types, and never reaches past these methods into the classes behind
+them, so a new view (or a new front end, such as an HTTP server) only has to
+meet these two protocols.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from shardfs.view.namespace import Attr, Namespace, Node
+    from shardfs.view.nodes import Listing
+
+
+class OpenFile(Protocol):
+    """An open file of the view: a reader of a version of the source, or a buffered file
+    being written."""
+
+    def read(self, offset: int, size: int) -> bytes: ...
+
+    def attr(self) -> Attr:
+        """The file as opened, whatever its path names now."""
+        ...
+
+
+class Opened(OpenFile, Protocol):
+    """What `ViewInterface.open` gives: a reader that may pin a version of the source."""
+
+    #: Whether reads come from a version pinned at open, which `outdated` can compare with
+    #: the source (documents made by the view pin nothing).
+    pinned: bool
+
+    def outdated(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class WriteHandle(OpenFile, Protocol):
+    """A file open for writing through `Writes`."""
+
+    #: Whether closing it stores it in the source (metadata documents, files passed
+    #: through): a front end then closes it where waiting for I/O is allowed.
+    stores_on_close: bool
+
+
+class ViewInterface(Protocol):
+    """The read side of a view, and the way to its write side."""
+
+    @property
+    def writes(self) -> Writes | None:
+        """The writable side of this view, or None where the view is read-only."""
+        ...
+
+    def root(self) -> Node: ...
+
+    def resolve(self, path: str) -> Node: ...
+
+    def entry(self, parent: Node, name: str) -> tuple[Node, Attr]: ...
+
+    def attr(self, node: Node) -> Attr: ...
+
+    def listing(self, node: Node) -> Listing: ...
+
+    def open(self, node: Node) -> Opened: ...
+
+    def digest_source(self, node: Node) -> Namespace | None:
+        """The Zarr namespace whose stored bytes `node` serves as they are stored, so that
+        their md5 can be taken and kept by where they are stored; None where the node is
+        not such a chunk file (another file, a precomputed chunk, a chunk written through
+        the mount and not yet committed)."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Figures for `shardfs stats`: what the source was asked and each cache's."""
+        ...
+
+
+class Writes(Protocol):
+    """The write side of a read-write view. Every call does its I/O before it changes any
+    state, so a front end may retry it (see `shardfs.storage.blocking`)."""
+
+    def open(self, node: Node, flags: int) -> OpenFile:
+        """A reader, or a `WriteHandle` where `flags` ask for writing."""
+        ...
+
+    def reopen(self, handle: WriteHandle, flags: int) -> WriteHandle: ...
+
+    def create(self, parent: Node, name: str) -> tuple[Node, Attr, WriteHandle]: ...
+
+    def mkdir(self, parent: Node, name: str) -> tuple[Node, Attr]: ...
+
+    def rmdir(self, parent: Node, name: str) -> Node: ...
+
+    def unlink(self, parent: Node, name: str) -> Node: ...
+
+    def rename(
+        self, old: Node, old_name: str, new: Node, new_name: str, noreplace: bool
+    ) -> tuple[Node, Node, bool]: ...
+
+    def link(self, node: Node, new_parent: Node, new_name: str) -> tuple[Node, Attr]: ...
+
+    def truncate(self, node: Node, size: int) -> Attr: ...
+
+    def truncate_open(self, handle: WriteHandle, size: int) -> Attr: ...
+
+    def write(self, handle: WriteHandle, offset: int, data: bytes) -> int: ...
+
+    def flush(self, handle: WriteHandle) -> None: ...
+
+    def fsync(self, handle: WriteHandle) -> None: ...
+
+    def release(self, handle: WriteHandle) -> None: ...
+
+    def sync(self) -> int:
+        """Commit everything buffered; how many chunks could not be stored."""
+        ...
