@@ -53,7 +53,8 @@ async def _commit_loop(workspace: Workspace, interval: float) -> None:
 async def _log_stats(operations: Operations, interval: float) -> None:
     while True:
         await trio.sleep(interval)
-        log.info("stats: %s", control.summary(operations.stats()))
+        stats = await trio.to_thread.run_sync(operations.stats)
+        log.info("stats: %s", control.summary(stats))
 
 
 def serve(

@@ -27,7 +27,6 @@ from shardfs.formats.zarr_v3 import ShardLevel
 from shardfs.maintenance.progress import quiet, walked
 from shardfs.maintenance.report import format_size, table
 from shardfs.maintenance.scan import (
-    ATTEMPTS,
     IndexReader,
     KeptChanging,
     ShardIndex,
@@ -35,6 +34,7 @@ from shardfs.maintenance.scan import (
     display,
     find_shards,
 )
+from shardfs.retry import attempts
 from shardfs.storage.base import Storage
 
 #: Rewrite a shard only if more than this fraction of it is dead. At 0.5 a rewrite copies at
@@ -153,7 +153,7 @@ def compact(
 def _compact_shard(reader: IndexReader, key: str, level: ShardLevel, policy: Policy) -> int:
     """Rewrite one shard if the policy wants it; returns the bytes reclaimed (0: untouched)."""
     storage = reader.storage
-    for _attempt in range(ATTEMPTS):
+    for _ in attempts():
         shard = reader.read(key, level)
         if shard is None or not policy.wants(shard):
             return 0

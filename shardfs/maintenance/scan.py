@@ -32,11 +32,9 @@ from shardfs.formats.zarr_v3 import (
     sharded_layout,
 )
 from shardfs.maintenance.progress import quiet
+from shardfs.retry import attempts
 from shardfs.storage.base import Entry, Stat, Storage
 from shardfs.view.hierarchy import ZarrV3, join, open_hierarchy
-
-#: How often a shard is read again when writers keep changing it.
-ATTEMPTS = 8
 
 
 class KeptChanging(StorageError):
@@ -147,7 +145,7 @@ def find_shards(storage: Storage, progress: tqdm | None = None) -> Inventory:
 
 def _read_whole(storage: Storage, key: str) -> bytes:
     """The whole object, of one version even if writers replace it meanwhile."""
-    for _attempt in range(ATTEMPTS):
+    for _ in attempts():
         stat = storage.stat(key)
         if stat is None or stat.is_dir:
             raise InvalidMetadata(f"{storage.describe(key)} vanished while it was read")
@@ -251,7 +249,7 @@ class IndexReader:
         Raises CorruptData (naming the shard) if it does not verify, and
         KeptChanging if writers changed it at every attempt.
         """
-        for _attempt in range(ATTEMPTS):
+        for _ in attempts():
             stat = self.storage.stat(key)
             if stat is None or stat.is_dir:
                 return None

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import threading
 import time
 import uuid
@@ -64,6 +63,7 @@ from shardfs.errors import (
     StorageError,
     UsageError,
 )
+from shardfs.retry import attempts
 from shardfs.storage.base import ABSENT, Entry, RequestCounts, Stat, Storage
 from shardfs.storage.blocking import check_may_block, may_block
 from shardfs.storage.disk_cache import DiskCache
@@ -579,8 +579,11 @@ class S3Storage(Storage):
         return self._get(key, size - length, length, f"bytes=-{length}", version)[0]
 
     def _cached(self, key: str, offset: int, length: int, version: Hashable) -> bytes:
-        """A read of one version through the disk cache, which fetches whole blocks."""
+        """A read of one version through the disk cache, which fetches whole blocks. Never
+        on the event loop: a hit reads a file, and the cache's index may wait for a lock
+        another mount of the host holds."""
         assert self.disk_cache is not None
+        check_may_block()
 
         def fetch(start: int, size: int) -> tuple[bytes, int]:
             return self._get(key, start, size, f"bytes={start}-{start + size - 1}", version, True)
@@ -613,7 +616,7 @@ class S3Storage(Storage):
         }
         if version is not None:
             request["IfMatch"] = version
-        for attempt in range(BODY_ATTEMPTS):
+        for attempt in attempts(BODY_ATTEMPTS, at_once=0, first=0.05, longest=2.0):
             answer = self._call("read", key, lambda: self._s3.get_object(**request), version)
             try:
                 data = answer["Body"].read()
@@ -622,7 +625,6 @@ class S3Storage(Storage):
                 if attempt + 1 == BODY_ATTEMPTS:
                     raise StorageError(f"{self.describe(key)}: read failed: {e}") from None
                 self.counts.retried(1)
-                _backoff(attempt)
                 continue
             finally:
                 answer["Body"].close()
@@ -1016,8 +1018,3 @@ class S3Storage(Storage):
             raise StorageError(f"{self.describe(key)}: {what} failed: {code or status}") from None
         except botocore.exceptions.BotoCoreError as e:
             raise StorageError(f"{self.describe(key)}: {what} failed: {e}") from None
-
-
-def _backoff(attempt: int) -> None:
-    """Sleep before retry `attempt + 1`: exponential, with jitter so retries spread out."""
-    time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))

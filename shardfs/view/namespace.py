@@ -32,7 +32,6 @@ import json
 import logging
 import math
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import replace
@@ -74,8 +73,8 @@ from shardfs.formats.zarr_v3 import (
     sharded_layout,
 )
 from shardfs.formats.zarr_v3 import render as render_v3
+from shardfs.retry import attempts
 from shardfs.storage.base import Entry, Pin, Stat, Storage
-from shardfs.storage.blocking import WouldBlock, may_block
 from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, ZarrV3, join
 from shardfs.view.nodes import (
@@ -119,9 +118,6 @@ EAGER_RENDER = 1 << 20
 WHOLE_CHUNK_LIMIT = 4 << 20
 #: Shard keys kept encoded (see `Namespace.shard_key`); all are dropped when full.
 SHARD_KEYS_KEPT = 4096
-#: How often a read or an index load starts again on an object that keeps changing
-#: under it (an appender of another mount), before it gives up with EIO.
-CHANGE_ATTEMPTS = 8
 
 
 class Reader:
@@ -222,7 +218,7 @@ class Reader:
         return self._ns.storage.describe(self._pin.key)
 
     def _fetch(self, offset: int, size: int) -> bytes:
-        for _attempt in range(CHANGE_ATTEMPTS):
+        for _ in attempts():
             try:
                 return self._read(offset, size)
             except SourceChanged:
@@ -750,7 +746,7 @@ class Namespace(Resolves):
         if self.guard is not None:
             self.guard(key)
             listed = None  # it may have been written while we waited
-        for attempt in range(CHANGE_ATTEMPTS):
+        for _ in attempts():
             stat, listed = listed or self.storage.stat(key), None
             if stat is None or stat.is_dir:
                 return None
@@ -764,8 +760,7 @@ class Namespace(Resolves):
                     cache_key, lambda st=stat: self._load_table(array, key, st)
                 )
             except SourceChanged:
-                _pause(attempt)  # changing while we read its index: read the new one
-                continue
+                continue  # changing while we read its index: read the new one
             if table.end != stat.size:
                 self.indexes.discard(cache_key)  # an append is under way: see `_load_table`
             return table
@@ -951,11 +946,10 @@ class Namespace(Resolves):
             size, mtime_ns = self._consolidate(meta, content=False)
             assert isinstance(size, int)
             return size, mtime_ns
-        for attempt in range(CHANGE_ATTEMPTS):
+        for _ in attempts():
             try:
                 return self._sizes(meta)[name], meta.metadata.mtime_ns
-            except SourceChanged:
-                _pause(attempt)  # replaced since it was looked up: the new one's size
+            except SourceChanged:  # replaced since it was looked up: the new one's size
                 meta = self._fresh(meta)
         raise StorageError(f"{join(meta.key, name)} keeps changing while it is rendered")
 
@@ -967,7 +961,7 @@ class Namespace(Resolves):
         of the subtree, whatever the number of chunks. The document, and apart
         its size, is cached under the versions of all their stored documents.
         """
-        for attempt in range(CHANGE_ATTEMPTS):
+        for _ in attempts():
             key, members, mtime_ns = self._consolidation(group)
             try:
                 if content:
@@ -977,8 +971,7 @@ class Namespace(Resolves):
                 )
                 assert isinstance(size, int)
                 return size, mtime_ns
-            except SourceChanged:
-                _pause(attempt)  # a node changed while it was walked: walk it again
+            except SourceChanged:  # a node changed while it was walked: walk it again
                 current = self._fresh(group)
                 assert isinstance(current, GroupView)
                 group = current
@@ -1200,13 +1193,12 @@ class Namespace(Resolves):
         meta = self._fresh(node.meta)
         node = Node(node.path, node.role, meta, node.coords)
         assert isinstance(meta, ArrayView)
-        for attempt in range(CHANGE_ATTEMPTS):
+        for _ in attempts():
             key, table, offset, nbytes = self.locate(meta, node.coords)
             try:
                 pin = self.storage.pin(key, table.stat)
             except SourceChanged:
-                _pause(attempt)  # replaced since its index was read: locate it again
-                continue
+                continue  # replaced since its index was read: locate it again
             v2 = meta.v2
             if v2 is None or v2.transform is Transform.RAW:
                 return Reader(self, node, pin, table.stat, offset, nbytes, table=table)
@@ -1219,13 +1211,12 @@ class Namespace(Resolves):
     def _open_document(self, node: Node) -> Reader:
         """A metadata document the view writes, rendered as the current version of its
         stored document shows it (whole: it is held by the open file)."""
-        for attempt in range(CHANGE_ATTEMPTS):
+        for _ in attempts():
             meta = self._fresh(node.meta)
             try:
                 data, _ = self._document(meta, node.name)
             except SourceChanged:
-                _pause(attempt)  # replaced since it was looked up: render the new one
-                continue
+                continue  # replaced since it was looked up: render the new one
             node = Node(node.path, node.role, meta, node.coords)
             return Reader(self, node, None, meta.metadata, 0, len(data), data=data)
         raise StorageError(f"{node.path} keeps changing while it is opened")
@@ -1249,14 +1240,3 @@ def _without_attributes(meta: dict) -> dict:
     """`meta` with empty attributes (in their place): what an array's view is made from,
     so that what lookups keep of it does not grow with its attributes."""
     return {**meta, "attributes": {}} if meta.get("attributes") else meta
-
-
-def _pause(attempt: int) -> None:
-    """Wait a little before trying again on an object another writer is changing: at
-    once at first, then (only where waiting is allowed) longer each time, about a
-    second in all, so that a writer appending a big tail has time to finish."""
-    if attempt < 2:
-        return
-    if not may_block():
-        raise WouldBlock
-    time.sleep(min(0.5, 0.005 * 2**attempt))

@@ -30,15 +30,13 @@ from shardfs.errors import CorruptData, InvalidWrite, ReadOnly, SourceChanged, S
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.shard_write import Buffer, ShardUpdate, append_update, whole_shard
 from shardfs.formats.zarr_v3 import ShardLevel
+from shardfs.retry import attempts
 from shardfs.storage.base import ABSENT, Stat
 from shardfs.storage.blocking import WouldBlock, may_block
 from shardfs.view.namespace import ArrayView, Namespace
 from shardfs.writeback.overlay import Buffered, Entry, Overlay, ShardRef
 
 log = logging.getLogger("shardfs")
-
-#: How often a commit is tried again when other writers keep changing the shard.
-ATTEMPTS = 8
 
 #: Chunk coordinates (of the whole array, not within the shard).
 Coords = tuple[int, ...]
@@ -81,6 +79,10 @@ class Committer:
         self.chunk_bytes = 0
         #: told about every commit (see `CommitObserver`)
         self.observers: list[CommitObserver] = []
+
+    def _count(self, what: str) -> None:
+        with self._guard:  # commits of different shards run at once
+            setattr(self, what, getattr(self, what) + 1)
 
     def snapshot(self) -> dict[str, int]:
         """Its figures for `shardfs stats`."""
@@ -249,7 +251,7 @@ class Committer:
             raise ReadOnly(f"{array.key}: writes to arrays with nested sharding are not supported")
         with self._guard:
             writing = self._writing.setdefault(key, threading.Lock())
-        for _attempt in range(ATTEMPTS):
+        for _ in attempts():
             stat = self.storage.stat(key)
             if stat is not None and stat.is_dir:
                 raise InvalidWrite(f"{self.storage.describe(key)} is a directory, not a shard")
@@ -269,7 +271,7 @@ class Committer:
             content = data[0]
             if content is not None:
                 self.storage.put(key, [content], expect)
-                self.rewrites += 1
+                self._count("rewrites")
             elif stat is not None:
                 self.storage.delete(key, expect)
             return
@@ -277,7 +279,7 @@ class Committer:
             chunks = {s: d for s, d in data.items() if d is not None}
             if chunks:
                 self.storage.put(key, whole_shard(level, chunks).parts, expect)
-                self.rewrites += 1
+                self._count("rewrites")
             return
         index = self._index(key, level, stat)
         data = {s: d for s, d in data.items() if d is not None or index[s, 1] != EMPTY}
@@ -291,10 +293,10 @@ class Committer:
             self.storage.delete(key, expect)  # no chunk left: like zarr-python, drop the shard
         elif update.whole:
             self.storage.put(key, update.parts, expect)
-            self.rewrites += 1
+            self._count("rewrites")
         else:
             self.storage.append(key, update.parts, expect)
-            self.appends += 1
+            self._count("appends")
 
     def _index(self, key: str, level: ShardLevel, stat: Stat) -> np.ndarray:
         """The shard's current level-0 index, flat, read now (never from a cache)."""
