@@ -69,9 +69,9 @@ from floor import inode_fh_supported
 from read_throughput import drop_caches
 from scale import revision
 
-from shardfs.cli.options import parse_options
 from shardfs.errors import UsageError
 from shardfs.fuse.mounts import mount_type, unmount
+from shardfs.options import parse_options
 
 HERE = Path(__file__).resolve().parent
 ARRAY = "data"

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import zarr
 
-from shardfs.cli.options import parse_options
 from shardfs.errors import CorruptData, UsageError
+from shardfs.options import parse_options
 from shardfs.storage.disk_cache import DiskCache
 from shardfs.storage.s3 import S3Config, S3Storage
 from tests.conftest import Mounted

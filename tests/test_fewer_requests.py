@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import zarr
 
-from shardfs.cli.options import parse_options
+from shardfs.options import parse_options
 from tests.conftest import Mounted
 from tests.test_kernel_served import CHUNKS, make_source, requests
 

@@ -26,7 +26,6 @@ import zarr
 
 from shardfs.cli import main
 from shardfs.cli.logs import redact
-from shardfs.cli.options import parse_options
 from shardfs.fuse.mounts import (
     is_stale,
     lock_path,
@@ -37,6 +36,7 @@ from shardfs.fuse.mounts import (
 )
 from shardfs.fuse.notify import notify
 from shardfs.maintenance import fsck
+from shardfs.options import parse_options
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace
 from tests.backends import Source

@@ -15,17 +15,14 @@ import os
 import resource
 import select
 import signal
-import sqlite3
 import stat as stat_mod
 import sys
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from shardfs import __version__
 from shardfs.cli import checksum, info, logs, stats
-from shardfs.cli.options import MountOptions, parse_options, parse_size
-from shardfs.errors import InvalidMetadata, ShardfsError, StorageError, UsageError
+from shardfs.errors import ShardfsError, UsageError
 from shardfs.fuse.mounts import is_stale, mount_type, open_lock, unmount, wait_for_daemon
 from shardfs.maintenance import (
     DEFAULT_MIN_DEAD,
@@ -35,16 +32,11 @@ from shardfs.maintenance import (
     fsck,
     progress_bar,
 )
-from shardfs.storage import LocalStorage, Storage
-from shardfs.view.hierarchy import Hierarchy, open_hierarchy
-from shardfs.view.precomputed import PrecomputedSource, open_volume
-
-if TYPE_CHECKING:
-    from shardfs.storage.disk_cache import DiskCache
-    from shardfs.view import Namespace
-    from shardfs.view.precomputed import PrecomputedNamespace
-    from shardfs.writeback import Workspace
-    from shardfs.writeback.leftover import Leftovers
+from shardfs.options import MountOptions, parse_options, parse_size
+from shardfs.sources import is_local, open_leftovers, open_source, open_view
+from shardfs.storage import Storage
+from shardfs.view.hierarchy import Hierarchy
+from shardfs.view.precomputed import PrecomputedSource
 
 log = logging.getLogger("shardfs")
 
@@ -54,7 +46,8 @@ READY_TIMEOUT = 60.0
 UMOUNT_NOTICE = 2.0
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
+    """The parser, and the names of its commands (see `_implied_mount`)."""
     parser = argparse.ArgumentParser(
         prog="shardfs", description="Show sharded Zarr arrays as plain, unsharded chunk files."
     )
@@ -145,12 +138,12 @@ def _parser() -> argparse.ArgumentParser:
     checksum.add_parser(commands)
     info.add_parser(commands)
     stats.add_parser(commands)
-    return parser
+    return parser, frozenset(commands.choices)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(_implied_mount(parser, sys.argv[1:] if argv is None else argv))
+    parser, names = _parser()
+    args = parser.parse_args(_implied_mount(names, sys.argv[1:] if argv is None else argv))
     try:
         if args.command == "mount":
             return _mount(args)
@@ -170,78 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _implied_mount(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+def _implied_mount(commands: frozenset[str], argv: Sequence[str]) -> list[str]:
     """`shardfs SOURCE MOUNTPOINT [-o OPTS]` means `shardfs mount ...`: mount.fuse3 (behind
     `mount -t fuse.shardfs` and fstab) runs the file system's command that way. A source
     named like a command must then be written as a path (`./info`)."""
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if argv and not argv[0].startswith("-") and argv[0] not in commands.choices:
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:
         return ["mount", *argv]
     return list(argv)
 
 
 # -- checks shared by the parent and the daemon ------------------------------------------
-
-
-def open_storage(source: str, options: MountOptions) -> Storage:
-    """The storage at SOURCE (a directory or s3://BUCKET/PREFIX), whatever it holds."""
-    if not is_local(source):
-        from shardfs.storage.s3 import S3Storage, parse_url  # boto3 only when needed
-
-        bucket, prefix = parse_url(source)
-        return S3Storage(bucket, prefix, options.s3_config(), open_disk_cache(options))
-    if options.cache_dir:
-        raise UsageError("option cache_dir is for S3 sources (a local source is on disk already)")
-    if not os.path.isdir(source):
-        problem = "is not a directory" if os.path.exists(source) else "does not exist"
-        raise UsageError(f"source {source} {problem}")
-    return LocalStorage(source)
-
-
-def open_disk_cache(options: MountOptions) -> DiskCache | None:
-    """The disk cache `cache_dir` names, if any. A directory that cannot be used is the
-    user's to fix; a damaged cache database only costs the caching, so the mount goes on."""
-    if not options.cache_dir:
-        return None
-    from shardfs.storage.disk_cache import DiskCache  # diskcache only when needed
-
-    try:
-        return DiskCache(options.cache_dir, options.cache_size)
-    except OSError as e:
-        raise UsageError(f"cache_dir {options.cache_dir}: {e.strerror or e}") from None
-    except sqlite3.DatabaseError as e:
-        log.error(
-            "cache_dir %s: its database is damaged (%s); going on without the disk cache "
-            "(remove the directory to start it afresh)",
-            options.cache_dir,
-            e,
-        )
-        return None
-
-
-def open_source(source: str, options: MountOptions | None = None) -> Hierarchy | PrecomputedSource:
-    """The hierarchy at SOURCE (a directory or s3://BUCKET/PREFIX), checked to be
-    Zarr v3 (final or draft) at its root; or, with no zarr.json but an `info` there,
-    a Neuroglancer precomputed volume."""
-    storage = open_storage(source, options or MountOptions())
-    try:
-        stat = storage.stat("zarr.json")
-        volume = open_volume(storage) if stat is None or stat.is_dir else None
-    except StorageError as e:
-        raise UsageError(f"source {source}: {e}") from None
-    except InvalidMetadata as e:
-        raise UsageError(f"source {source} is not a valid precomputed volume: {e}") from None
-    if volume is not None:
-        return volume
-    if stat is None or stat.is_dir:
-        hint = (
-            " (it looks like Zarr v2)" if storage.stat(".zgroup") or storage.stat(".zarray") else ""
-        )
-        raise UsageError(f"source {source} is not a Zarr v3 hierarchy: no zarr.json{hint}")
-    try:
-        return open_hierarchy(storage)
-    except InvalidMetadata as e:
-        raise UsageError(f"source {source}: {e}") from None
 
 
 def check_mountpoint(mountpoint: str, source: str) -> None:
@@ -286,10 +217,6 @@ def clear_stale(mountpoint: str) -> None:
     print(f"shardfs: {message}", file=sys.stderr)  # before logging is set up, if ever
 
 
-def is_local(source: str) -> bool:
-    return not source.startswith("s3://")
-
-
 def _fsname(source: str) -> str:
     """The name shown in the mount table; libfuse options cannot hold commas."""
     real = os.path.realpath(source) if is_local(source) else source
@@ -306,55 +233,6 @@ def _mount(args: argparse.Namespace) -> int:
     if args.foreground:
         return _run_daemon(args, options, source)
     return _detach_daemon(args, options, source)
-
-
-def _view(
-    source: Hierarchy | PrecomputedSource, options: MountOptions, name: str
-) -> Namespace | Workspace | PrecomputedNamespace:
-    """What the daemon serves: a Namespace, a Workspace over one (read-write), or a
-    PrecomputedNamespace. Sources that cannot be written make the mount read-only."""
-    # Imported here so that `shardfs umount` and the detaching parent stay light.
-    from shardfs.view import Namespace, View
-    from shardfs.view.precomputed import PrecomputedNamespace
-    from shardfs.writeback import Workspace, WriteBuffer
-
-    precomputed = isinstance(source, PrecomputedSource)
-    if not options.read_only and (precomputed or source.translates):
-        kind = "Neuroglancer precomputed" if precomputed else "draft Zarr v3"
-        if "rw" in options.given:
-            raise UsageError(f"{name} is a {kind} source: it cannot be written")
-        log.warning("%s is a %s source: mounted read-only", name, kind)
-        options.read_only = True
-    storage = source.storage
-    if isinstance(source, PrecomputedSource):
-        if options.view != View.V3.value:
-            raise UsageError(f"view={options.view} applies to Zarr sources only")
-        return PrecomputedNamespace(
-            storage, index_cache=options.index_cache, read_cache=options.read_cache
-        )
-    namespace = Namespace(
-        storage,
-        index_cache=options.index_cache,
-        view=View(options.view),
-        hierarchy=source,
-        serve_plain=not options.read_only,
-        read_cache=options.read_cache,
-        listing_cache=options.listing_cache,
-        shard_mtimes=options.read_only,  # read-only mounts let the kernel cache listings
-    )
-    if options.read_only:
-        unfinished = storage.pending_recovery()
-        if unfinished:
-            log.warning(
-                "%d shards have unfinished commits (a writer may be at work, or crashed); "
-                "a read-write mount or `shardfs fsck` repairs them",
-                len(unfinished),
-            )
-        return namespace
-    for line in storage.recover():
-        log.warning("recovery: %s", line)
-    buffer = WriteBuffer(options.write_buffer, options.spool)
-    return Workspace(namespace, buffer, shard_new=options.shard_new)
 
 
 def _kernel_served(options: MountOptions) -> bool:
@@ -412,7 +290,7 @@ def _run_daemon(
     )
     _raise_file_limit()
     try:
-        view = _view(source, options, args.source)
+        view = open_view(source, options, args.source)
         outcome = serve(
             view,
             args.mountpoint,
@@ -425,7 +303,7 @@ def _run_daemon(
             options.fuse_options(_fsname(args.source)),
             on_ready=lambda: report("ready"),
             flush_interval=options.flush_interval,
-            leftovers=_leftovers(view, options, args.source),
+            leftovers=open_leftovers(view, options, args.source),
             stats_interval=options.stats_interval,
         )
     except (ShardfsError, RuntimeError) as e:
@@ -436,39 +314,6 @@ def _run_daemon(
             print(f"shardfs: {message}", file=sys.stderr)
         return 1
     return 1 if outcome else 0
-
-
-def _leftovers(
-    view: Namespace | Workspace | PrecomputedNamespace, options: MountOptions, source: str
-) -> Leftovers | None:
-    """For a read-write mount: where chunks it cannot commit at unmount are kept, with the
-    chunks earlier mounts of the source kept there already put back into its overlay."""
-    from shardfs.writeback import Workspace
-    from shardfs.writeback.leftover import Leftovers
-
-    if is_local(source):
-        source_id = os.path.realpath(source)
-    else:
-        source_id = f"{source} {options.s3.get('endpoint_url', '')}".rstrip()
-    leftovers = Leftovers(options.leftover_dir(source_id), source_id)
-    if isinstance(view, Workspace):
-        if leftovers.claim():
-            leftovers.restore(view)
-        elif leftovers.waiting():
-            log.warning(
-                "chunks that an earlier mount could not commit (shards: %d) are with another "
-                "running mount of this source, which commits them",
-                leftovers.waiting(),
-            )
-        return leftovers
-    if leftovers.waiting():
-        log.warning(
-            "chunks that an earlier mount could not commit wait in %s for a read-write "
-            "mount of this source (shards: %d)",
-            leftovers.directory,
-            leftovers.waiting(),
-        )
-    return None
 
 
 def _detach_daemon(

@@ -13,15 +13,16 @@ from functools import partial
 from tqdm import tqdm
 
 from shardfs.checksum import Digest, DirectoryChecksum, stored_checksum, virtual_checksum
-from shardfs.cli.options import MountOptions, add_option_argument, parse_options_for
+from shardfs.cli.options import Commands, MountOptions, add_option_argument, parse_options_for
 from shardfs.errors import ShardfsError, UsageError
 from shardfs.maintenance import progress_bar
+from shardfs.sources import open_source, open_storage
 
 #: The `-o` options that mean something here: how to reach S3, and the index cache.
 OPTIONS = ("endpoint_url", "region", "profile", "anon", "timeout", "metadata_ttl", "index_cache")
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: Commands) -> None:
     parser = commands.add_parser(
         "checksum",
         help="print the DANDI zarr checksum of SOURCE, as stored or as the unsharded view",
@@ -84,7 +85,6 @@ def _compute(
     on_directory: Callable[[DirectoryChecksum], None] | None,
 ) -> Digest:
     if args.virtual:
-        from shardfs.cli import open_source  # here: shardfs.cli imports this module
         from shardfs.view import Namespace, View
         from shardfs.view.hierarchy import Hierarchy
 
@@ -100,7 +100,6 @@ def _compute(
             listing_cache=0,  # the walk lists each directory once
         )
         return virtual_checksum(namespace, progress, on_directory=on_directory)
-    from shardfs.cli import open_storage  # here: shardfs.cli imports this module
 
     storage = open_storage(args.source, options)
     digest = stored_checksum(storage, progress, on_directory=on_directory)

@@ -6,16 +6,17 @@ import argparse
 import json
 import sys
 
-from shardfs.cli.options import add_option_argument, parse_options_for
+from shardfs.cli.options import Commands, add_option_argument, parse_options_for
 from shardfs.errors import UsageError
 from shardfs.maintenance import progress_bar
 from shardfs.maintenance.info import survey
+from shardfs.sources import open_source
 
 #: The `-o` options that mean something here: how to reach S3.
 OPTIONS = ("endpoint_url", "region", "profile", "anon", "timeout")
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: Commands) -> None:
     parser = commands.add_parser(
         "info",
         help="print the arrays of SOURCE: format, shape, shards, chunks, dead space",
@@ -33,8 +34,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here: shardfs.cli imports this module, and this needs its open_source.
-    from shardfs.cli import open_source
     from shardfs.view.precomputed import PrecomputedSource
 
     try:

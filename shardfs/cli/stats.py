@@ -11,11 +11,12 @@ import json
 import sys
 from typing import Any
 
+from shardfs.cli.options import Commands
 from shardfs.fuse.control import hit_rate, query, socket_path
 from shardfs.fuse.mounts import mount_type
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: Commands) -> None:
     parser = commands.add_parser(
         "stats",
         help="print what the mount at MOUNTPOINT has done since it started",

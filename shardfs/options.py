@@ -1,0 +1,212 @@
+"""Mount options (`-o a,b=c`): parsed and checked before anything is mounted.
+
+Besides shardfs's own options, the generic ones that mount(8), fstab and
+systemd pass to every file system are accepted: `ro`/`rw` choose the mode,
+the kernel's mount flags (`nosuid`, `nodev`, `noexec`, ...) go to the kernel,
+and options meant only for mount(8) or systemd (`defaults`, `noauto`,
+`nofail`, `_netdev`, `x-systemd.*`, ...) are ignored, so an fstab line never
+fails on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shardfs.errors import UsageError
+
+if TYPE_CHECKING:
+    from shardfs.storage.s3 import S3Config
+
+_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+#: Mount flags the kernel takes (through libfuse), passed on as given.
+KERNEL_FLAGS = frozenset(
+    ("suid", "nosuid", "dev", "nodev", "exec", "noexec", "sync", "async", "dirsync", "atime",
+     "noatime")
+)  # fmt: skip
+#: Options for mount(8), fstab and systemd, or atime variants FUSE mounts cannot take:
+#: accepted and ignored. Options starting with `x-` (`x-systemd.automount`, ...) too.
+IGNORED = frozenset(
+    ("defaults", "auto", "noauto", "nofail", "_netdev", "user", "nouser", "users", "owner",
+     "group", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime",
+     "nolazytime", "diratime", "nodiratime", "symfollow", "nosymfollow", "iversion",
+     "noiversion", "mand", "nomand", "loud", "silent")
+)  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "4096", "64K", "256M", "1G" (binary units, optional "iB"/"B")."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise UsageError(f"bad size {text!r} (use bytes or a K/M/G suffix, e.g. 256M)")
+    return int(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+
+
+@dataclass
+class MountOptions:
+    read_only: bool = False
+    allow_other: bool = False
+    debug: bool = False
+    index_cache: int = 64 << 20
+    view: str = "v3"
+    log_file: str | None = None
+    write_buffer: int = 256 << 20
+    flush_interval: float = 5.0
+    spool: str | None = None
+    shard_new: int | None = None
+    #: S3 sources: keyword arguments of `shardfs.storage.s3.S3Config`
+    s3: dict[str, Any] = field(default_factory=dict)
+    read_cache: int = 64 << 20
+    listing_cache: int = 64 << 20
+    #: S3 sources: where fetched bytes are kept across mounts (see storage.disk_cache)
+    cache_dir: str | None = None
+    cache_size: int = 10 << 30
+    #: seconds between the daemon's one-line summaries of `shardfs stats` in its log (0: none)
+    stats_interval: float = 0.0
+    #: inodes of directories and other files (not chunks) the daemon keeps for the kernel
+    inodes: int = 100_000
+    #: read-only mounts: let the kernel serve re-reads and listings itself (needs the
+    #: patched pyfuse3; `kernel_cache=no` keeps open and opendir requests)
+    kernel_cache: bool = True
+    #: read-only mounts: how long the kernel trusts what it caches (entries, attributes,
+    #: and with `kernel_cache` pages and listings) before it asks again
+    cache_timeout: float = 300.0
+    #: kernel mount flags (KERNEL_FLAGS), the last given of each pair (`exec`/`noexec`, ...)
+    flags: dict[str, str] = field(default_factory=dict)
+    given: list[str] = field(default_factory=list)
+
+    def s3_config(self) -> S3Config:
+        """How to reach an S3 source. Read-only mounts keep listings for long by default:
+        nothing of theirs changes the bucket, and reads are pinned to ETags anyway."""
+        from shardfs.storage.s3 import S3Config  # boto3 is imported for S3 sources only
+
+        settings = dict(self.s3)
+        settings.setdefault("metadata_ttl", 300.0 if self.read_only else 1.0)
+        return S3Config(**settings)
+
+    def fuse_options(self, fsname: str) -> set[str]:
+        """The options passed to the kernel through libfuse. Every file is the mounting
+        user's, so without `allow_other`, which lets no one else in, the kernel need not
+        check mode bits: it then asks for no directory attributes to check them (two
+        requests fewer per file a writer creates and renames into place)."""
+        opts = {"subtype=shardfs", f"fsname={fsname}"}
+        if self.read_only:
+            opts.add("ro")
+        if self.allow_other:
+            opts |= {"allow_other", "default_permissions"}
+        return opts | set(self.flags.values())
+
+    def leftover_dir(self, source_id: str) -> str:
+        """Where chunks that could not be committed at unmount are kept for the next mount
+        of the source `source_id`: below `spool=DIR` if given, else in a state directory
+        that outlives reboots (/var/lib/shardfs for root)."""
+        if self.spool:
+            base = self.spool
+        elif os.geteuid() == 0:
+            base = "/var/lib/shardfs"
+        else:
+            state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+            base = os.path.join(state, "shardfs")
+        name = hashlib.sha256(source_id.encode()).hexdigest()[:24]
+        return os.path.join(base, "pending", name)
+
+    def argument(self) -> str:
+        """The options again, as one `-o` argument (for the detached daemon)."""
+        return ",".join(self.given)
+
+
+def _positive(name: str, value: str, kind: type[int] | type[float]) -> float:
+    try:
+        number = kind(value)
+    except ValueError:
+        number = 0
+    if not number > 0:
+        raise UsageError(f"option {name} needs a positive number, got {value!r}")
+    return number
+
+
+def _flag_pair(flag: str) -> str:
+    """The flag a kernel flag switches: `nosuid` and `suid` both switch `suid`."""
+    if flag == "async":
+        return "sync"
+    return flag[2:] if flag.startswith("no") else flag
+
+
+def parse_options(groups: Iterable[str]) -> MountOptions:
+    """Parse every `-o` argument; unknown or malformed options raise UsageError."""
+    options = MountOptions()
+    for group in groups:
+        for item in filter(None, (part.strip() for part in group.split(","))):
+            name, has_value, value = item.partition("=")
+            if name in IGNORED or name == "comment" or name.startswith("x-"):
+                continue
+            if name in ("ro", "rw", "allow_other", "debug", "anon", *KERNEL_FLAGS) and has_value:
+                raise UsageError(f"option {name!r} takes no value")
+            if name == "ro":
+                options.read_only = True
+            elif name == "rw":
+                options.read_only = False
+            elif name == "allow_other":
+                options.allow_other = True
+            elif name == "debug":
+                options.debug = True
+            elif name == "index_cache":
+                options.index_cache = parse_size(value)
+            elif name == "view":
+                if value not in ("v2", "v3"):
+                    raise UsageError(f"unknown view {value!r} (use view=v3 or view=v2)")
+                options.view = value
+            elif name == "write_buffer":
+                options.write_buffer = parse_size(value)
+            elif name == "flush_interval":
+                options.flush_interval = _positive(name, value, float)
+            elif name == "shard_new":
+                options.shard_new = int(_positive(name, value, int))
+            elif name in ("endpoint_url", "region", "profile") and value:
+                options.s3[name] = value
+            elif name == "anon":
+                options.s3["anon"] = True
+            elif name == "metadata_ttl":
+                forever = value in ("forever", "inf")
+                options.s3[name] = float("inf") if forever else _positive(name, value, float)
+            elif name == "timeout":
+                options.s3[name] = _positive(name, value, float)
+            elif name in KERNEL_FLAGS:
+                options.flags[_flag_pair(name)] = name
+            elif name == "read_cache":
+                options.read_cache = parse_size(value)
+            elif name == "listing_cache":
+                options.listing_cache = parse_size(value)
+            elif name == "cache_dir" and value:
+                options.cache_dir = os.path.abspath(value)
+                item = f"cache_dir={options.cache_dir}"
+            elif name == "cache_size":
+                options.cache_size = parse_size(value)
+            elif name == "stats_interval":
+                options.stats_interval = _positive(name, value, float)
+            elif name == "inodes":
+                options.inodes = int(_positive(name, value, int))
+            elif name == "cache_timeout":
+                options.cache_timeout = _positive(name, value, float)
+            elif name == "kernel_cache":
+                if value not in ("yes", "no"):
+                    raise UsageError(f"option kernel_cache takes yes or no, got {value!r}")
+                options.kernel_cache = value == "yes"
+            elif name == "spool" and value:
+                options.spool = os.path.abspath(value)
+                item = f"spool={options.spool}"
+            elif name == "log" and value:
+                # Absolute, because a detached daemon runs in "/".
+                options.log_file = os.path.abspath(value)
+                item = f"log={options.log_file}"
+            else:
+                raise UsageError(f"unknown mount option {item!r}")
+            options.given.append(item)
+    if any(item.startswith("cache_size=") for item in options.given) and not options.cache_dir:
+        raise UsageError("option cache_size needs cache_dir=DIR")
+    return options

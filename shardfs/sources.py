@@ -1,0 +1,167 @@
+"""Opening a source: its storage, what it holds, and the view a mount serves of it.
+
+This is where the layers are put together, for the command line and for any
+other front end: storage (local or S3, with the disk cache), the hierarchy or
+precomputed volume at the source's root, and the view over it (read-only,
+read-write, or precomputed), with what earlier mounts left to commit.
+Errors a user can fix are UsageError, with a message that names the source.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from typing import TYPE_CHECKING
+
+from shardfs.errors import InvalidMetadata, StorageError, UsageError
+from shardfs.options import MountOptions
+from shardfs.storage import LocalStorage, Storage
+from shardfs.view import Namespace, View
+from shardfs.view.hierarchy import Hierarchy, open_hierarchy
+from shardfs.view.interface import ViewInterface
+from shardfs.view.precomputed import PrecomputedNamespace, PrecomputedSource, open_volume
+from shardfs.writeback import Workspace, WriteBuffer
+from shardfs.writeback.leftover import Leftovers
+
+if TYPE_CHECKING:
+    from shardfs.storage.disk_cache import DiskCache
+
+log = logging.getLogger("shardfs")
+
+
+def is_local(source: str) -> bool:
+    return not source.startswith("s3://")
+
+
+def open_storage(source: str, options: MountOptions) -> Storage:
+    """The storage at SOURCE (a directory or s3://BUCKET/PREFIX), whatever it holds."""
+    if not is_local(source):
+        from shardfs.storage.s3 import S3Storage, parse_url  # boto3 only for S3 sources
+
+        bucket, prefix = parse_url(source)
+        return S3Storage(bucket, prefix, options.s3_config(), open_disk_cache(options))
+    if options.cache_dir:
+        raise UsageError("option cache_dir is for S3 sources (a local source is on disk already)")
+    if not os.path.isdir(source):
+        problem = "is not a directory" if os.path.exists(source) else "does not exist"
+        raise UsageError(f"source {source} {problem}")
+    return LocalStorage(source)
+
+
+def open_disk_cache(options: MountOptions) -> DiskCache | None:
+    """The disk cache `cache_dir` names, if any. A directory that cannot be used is the
+    user's to fix; a damaged cache database only costs the caching, so the mount goes on."""
+    if not options.cache_dir:
+        return None
+    from shardfs.storage.disk_cache import DiskCache  # diskcache only when needed
+
+    try:
+        return DiskCache(options.cache_dir, options.cache_size)
+    except OSError as e:
+        raise UsageError(f"cache_dir {options.cache_dir}: {e.strerror or e}") from None
+    except sqlite3.DatabaseError as e:
+        log.error(
+            "cache_dir %s: its database is damaged (%s); going on without the disk cache "
+            "(remove the directory to start it afresh)",
+            options.cache_dir,
+            e,
+        )
+        return None
+
+
+def open_source(source: str, options: MountOptions | None = None) -> Hierarchy | PrecomputedSource:
+    """The hierarchy at SOURCE (a directory or s3://BUCKET/PREFIX), checked to be
+    Zarr v3 (final or draft) at its root; or, with no zarr.json but an `info` there,
+    a Neuroglancer precomputed volume."""
+    storage = open_storage(source, options or MountOptions())
+    try:
+        stat = storage.stat("zarr.json")
+        volume = open_volume(storage) if stat is None or stat.is_dir else None
+    except StorageError as e:
+        raise UsageError(f"source {source}: {e}") from None
+    except InvalidMetadata as e:
+        raise UsageError(f"source {source} is not a valid precomputed volume: {e}") from None
+    if volume is not None:
+        return volume
+    if stat is None or stat.is_dir:
+        hint = (
+            " (it looks like Zarr v2)" if storage.stat(".zgroup") or storage.stat(".zarray") else ""
+        )
+        raise UsageError(f"source {source} is not a Zarr v3 hierarchy: no zarr.json{hint}")
+    try:
+        return open_hierarchy(storage)
+    except InvalidMetadata as e:
+        raise UsageError(f"source {source}: {e}") from None
+
+
+def open_view(
+    source: Hierarchy | PrecomputedSource, options: MountOptions, name: str
+) -> ViewInterface:
+    """What the daemon serves: a Namespace, a Workspace over one (read-write), or a
+    PrecomputedNamespace. Sources that cannot be written make the mount read-only."""
+    precomputed = isinstance(source, PrecomputedSource)
+    if not options.read_only and (precomputed or source.translates):
+        kind = "Neuroglancer precomputed" if precomputed else "draft Zarr v3"
+        if "rw" in options.given:
+            raise UsageError(f"{name} is a {kind} source: it cannot be written")
+        log.warning("%s is a %s source: mounted read-only", name, kind)
+        options.read_only = True
+    storage = source.storage
+    if isinstance(source, PrecomputedSource):
+        if options.view != View.V3.value:
+            raise UsageError(f"view={options.view} applies to Zarr sources only")
+        return PrecomputedNamespace(
+            storage, index_cache=options.index_cache, read_cache=options.read_cache
+        )
+    namespace = Namespace(
+        storage,
+        index_cache=options.index_cache,
+        view=View(options.view),
+        hierarchy=source,
+        serve_plain=not options.read_only,
+        read_cache=options.read_cache,
+        listing_cache=options.listing_cache,
+        shard_mtimes=options.read_only,  # read-only mounts let the kernel cache listings
+    )
+    if options.read_only:
+        unfinished = storage.pending_recovery()
+        if unfinished:
+            log.warning(
+                "%d shards have unfinished commits (a writer may be at work, or crashed); "
+                "a read-write mount or `shardfs fsck` repairs them",
+                len(unfinished),
+            )
+        return namespace
+    for line in storage.recover():
+        log.warning("recovery: %s", line)
+    buffer = WriteBuffer(options.write_buffer, options.spool)
+    return Workspace(namespace, buffer, shard_new=options.shard_new)
+
+
+def open_leftovers(view: ViewInterface, options: MountOptions, source: str) -> Leftovers | None:
+    """For a read-write mount: where chunks it cannot commit at unmount are kept, with the
+    chunks earlier mounts of the source kept there already put back into its overlay."""
+    if is_local(source):
+        source_id = os.path.realpath(source)
+    else:
+        source_id = f"{source} {options.s3.get('endpoint_url', '')}".rstrip()
+    leftovers = Leftovers(options.leftover_dir(source_id), source_id)
+    if isinstance(view, Workspace):
+        if leftovers.claim():
+            leftovers.restore(view)
+        elif leftovers.waiting():
+            log.warning(
+                "chunks that an earlier mount could not commit (shards: %d) are with another "
+                "running mount of this source, which commits them",
+                leftovers.waiting(),
+            )
+        return leftovers
+    if leftovers.waiting():
+        log.warning(
+            "chunks that an earlier mount could not commit wait in %s for a read-write "
+            "mount of this source (shards: %d)",
+            leftovers.directory,
+            leftovers.waiting(),
+        )
+    return None
