@@ -23,7 +23,7 @@ from shardfs.checksum.tree import Digest, DirectoryChecksum, Fold, Item
 from shardfs.maintenance.progress import quiet
 from shardfs.maintenance.report import format_size
 from shardfs.storage.base import Storage
-from shardfs.view.namespace import Reader
+from shardfs.view.base import Reader
 
 T = TypeVar("T")
 

@@ -1,6 +1,7 @@
 """The unsharded view: virtual namespace, resolution and caches (no FUSE here)."""
 
+from shardfs.view.base import Reader
 from shardfs.view.cache import LruCache
-from shardfs.view.namespace import Attr, Namespace, Node, Reader, Role, View
+from shardfs.view.namespace import Attr, Namespace, Node, Role, View
 
 __all__ = ["Attr", "LruCache", "Namespace", "Node", "Reader", "Role", "View"]

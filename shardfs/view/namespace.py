@@ -32,11 +32,9 @@ import json
 import logging
 import math
 import threading
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import replace
 from enum import Enum
-from typing import Any
 
 import crc32c
 import numpy as np
@@ -48,7 +46,6 @@ from shardfs.errors import (
     MissingChunk,
     NotADirectory,
     NotFound,
-    ShardfsError,
     SourceChanged,
     StorageError,
 )
@@ -75,6 +72,7 @@ from shardfs.formats.zarr_v3 import (
 from shardfs.formats.zarr_v3 import render as render_v3
 from shardfs.retry import attempts
 from shardfs.storage.base import Entry, Pin, Stat, Storage
+from shardfs.view.base import Chunk, Reader, SourceView, entry_path, latest, verified
 from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, ZarrV3, join
 from shardfs.view.nodes import (
@@ -98,225 +96,15 @@ class View(Enum):
     V2 = "v2"  #: zarr v2, for readers that know only v2
 
 
-def logged_corruption(message: str) -> CorruptData:
-    """A CorruptData whose one log line is written now, so the boundary that maps it to
-    EIO, and later requests that meet it again, do not log it again."""
-    log.error("%s", message)
-    error = CorruptData(message)
-    error.logged = True
-    return error
-
-
 #: Stored metadata documents up to this size are rendered into the view's documents as
 #: soon as they are parsed, so that they are read once per version; bigger ones only
 #: when a metadata file is stat'ed, listed or read (see `Namespace._load_meta`).
 EAGER_RENDER = 1 << 20
-#: Chunks up to this size are read whole on the first read of an open file, so
-#: that reading a chunk costs one positioned read of its shard however the
-#: kernel splits the file into requests. (On a store with costly requests,
-#: passthrough files too.)
-WHOLE_CHUNK_LIMIT = 4 << 20
 #: Shard keys kept encoded (see `Namespace.shard_key`); all are dropped when full.
 SHARD_KEYS_KEPT = 4096
 
 
-class Reader:
-    """An open file of the view. Every byte it serves comes from the version seen at open.
-
-    `stored` bytes at `base` of the object that `pin` holds back the file (see
-    `Pin`); `serve`, if given, turns them into the file's `size` bytes (a v2
-    chunk), so they are read and converted whole on the first read. A chunk's
-    whole reads go through the namespace's read-ahead, which needs its shard's
-    `table`. On a store with costly requests, a file too big to read whole is
-    read in pieces of at least `request_cost` bytes, the rest kept for the next
-    read. `close` lets the pinned version go.
-    """
-
-    def __init__(
-        self,
-        namespace: Namespace,
-        node: Node,
-        pin: Pin | None,
-        stat: Stat,
-        base: int,
-        stored: int,
-        size: int | None = None,
-        data: bytes | None = None,
-        serve: Callable[[bytes], bytes] | None = None,
-        table: ShardTable | None = None,
-    ) -> None:
-        self._ns = namespace
-        self.node = node
-        self._pin = pin
-        self._stat = stat
-        self._base = base
-        self._stored = stored
-        self.size = stored if size is None else size
-        self._data = data
-        self._serve = serve
-        #: the index that located the chunk: what a changed shard must still hold
-        self._origin = table
-        #: the table read-ahead fetches by (None once the shard changed)
-        self._table = table
-        self._failed: ShardfsError | None = None
-        costly = namespace.storage.request_cost > 0
-        small = stored <= WHOLE_CHUNK_LIMIT
-        self._whole = serve is not None or (small and (node.role is Role.CHUNK or costly))
-        #: (offset, bytes) read ahead of a partial read on a store with costly requests
-        self._ahead: tuple[int, bytes] | None = None
-
-    def __enter__(self) -> Reader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._pin is not None:
-            self._pin.close()
-
-    @property
-    def pinned(self) -> bool:
-        """Whether it serves a version of a stored object (not a rendered document)."""
-        return self._pin is not None
-
-    def outdated(self) -> bool:
-        """Whether its stored object is another version now, for readers that outlive an
-        open (see the FUSE adapter's kernel-served reads)."""
-        return self._pin is not None and self._pin.outdated()
-
-    def attr(self) -> Attr:
-        """The file as opened: what `fstat` shows of it once its path names another file."""
-        return Attr(False, self.size, self._stat.mtime_ns)
-
-    def read(self, offset: int, size: int) -> bytes:
-        if self._failed is not None:
-            raise self._failed
-        if offset >= self.size or size <= 0:
-            return b""
-        size = min(size, self.size - offset)
-        data = self._data
-        if data is None and self._whole:
-            data = self._fetch(0, self._stored)
-            if self._serve is not None:
-                try:
-                    data = self._serve(data)
-                except CorruptData as e:
-                    self._failed = logged_corruption(
-                        f"{self.node.path} (stored in {self._describe()}): {e}"
-                    )
-                    raise self._failed from None
-            self._data = data
-        if data is not None:
-            if self._whole and offset + size >= self.size:
-                self._data = None  # read to the end: free the buffer of a sequential reader
-            return data[offset : offset + size]
-        return self._fetch(offset, size)
-
-    def _describe(self) -> str:
-        assert self._pin is not None
-        return self._ns.storage.describe(self._pin.key)
-
-    def _fetch(self, offset: int, size: int) -> bytes:
-        for _ in attempts():
-            try:
-                return self._read(offset, size)
-            except SourceChanged:
-                self._ahead = None
-                try:
-                    self._follow_change()
-                except SourceChanged:
-                    continue  # changed again while we looked: look again
-                except ShardfsError as e:
-                    self._failed = e
-                    raise
-        raise StorageError(f"{self._describe()} keeps changing while it is read")
-
-    def _read(self, offset: int, size: int) -> bytes:
-        assert self._pin is not None
-        table = self._table
-        if table is not None and offset == 0 and size == self._stored:
-            array, coords = self.node.array, self.node.coords
-            return self._ns.read_ahead.read(
-                self._pin,
-                table,
-                self._base,
-                size,
-                lambda n: self._ns.next_shard(array, array.layout.shard_of(coords)[0], n),
-            )
-        storage = self._ns.storage
-        if not storage.request_cost:
-            return self._pin.read(self._base + offset, size)
-        if self._ahead is not None:
-            start, data = self._ahead
-            if start <= offset and offset + size <= start + len(data):
-                return data[offset - start : offset - start + size]
-        length = min(self._stored - offset, max(size, storage.request_cost))
-        data = self._pin.read(self._base + offset, length)
-        self._ahead = (offset, data)
-        return data[:size]
-
-    def _follow_change(self) -> None:
-        """The object changed while open: carry on only with the same bytes.
-
-        A passthrough file changed in place shows its new content, as on a local
-        file system; one replaced by another object (S3) fails. A chunk carries on
-        only if the new version provably holds the bytes it had at open (see
-        `Namespace.still_holds`); otherwise its content is gone and every
-        later read fails, rather than mixing two versions.
-        """
-        assert self._pin is not None
-        now = self._pin.current()
-        if now is None or now.is_dir:
-            raise StorageError(f"{self._describe()} was removed while open")
-        if self.node.role is Role.FILE:
-            if not self._pin.in_place:
-                raise StorageError(f"{self._describe()} was replaced while open")
-            self._pin.follow(now)
-            self._stat, self.size, self._stored = now, now.size, now.size
-            return
-        assert self._origin is not None
-        if not self._ns.still_holds(self.node.array, self._origin, self._pin, now):
-            raise StorageError(f"{self._describe()} was rewritten while open")
-        self._table = None  # read-ahead goes by the version a table was made from
-
-
-def entry_path(parent: Node, name: str) -> str:
-    """The view path of entry `name` of directory node `parent`, refusing what cannot be an
-    entry there (NotADirectory, NotFound), before any storage is asked."""
-    if not parent.is_dir:
-        raise NotADirectory(parent.path)
-    if name in ("", ".", "..") or "/" in name:
-        raise NotFound(name)
-    return join(parent.path, name)
-
-
-class Resolves(ABC):
-    """A view whose paths resolve by lookups from its root."""
-
-    @abstractmethod
-    def root(self) -> Node: ...
-
-    @abstractmethod
-    def lookup(self, parent: Node, name: str) -> Node: ...
-
-    @abstractmethod
-    def attr(self, node: Node) -> Attr: ...
-
-    def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
-        """`lookup` and `attr` in one step, as a FUSE lookup wants them."""
-        node = self.lookup(parent, name)
-        return node, self.attr(node)
-
-    def resolve(self, path: str) -> Node:
-        """The node at a `/`-separated view path ("" is the root)."""
-        node = self.root()
-        for name in filter(None, path.split("/")):
-            node = self.lookup(node, name)
-        return node
-
-
-class Namespace(Resolves):
+class Namespace(SourceView):
     """The view of one source. Thread-safe; every method may block on storage."""
 
     def __init__(
@@ -370,31 +158,21 @@ class Namespace(Resolves):
         self._shard_keys: dict[tuple[str, Hashable, tuple[int, ...]], str] = {}
         self._snapshots = threading.local()
 
-    #: A namespace is read-only; `Workspace` is its writable side (see `ViewInterface`).
-    writes: None = None
-
     def digest_source(self, node: Node) -> Namespace | None:
         return self if node.role is Role.CHUNK else None
 
-    def stats(self) -> dict[str, Any]:
-        """Figures for `shardfs stats`: what the source was asked, and each cache's."""
-        source = self.storage.stats()
-        caches = {
-            "shard indexes": self.indexes.snapshot(),
-            "listings": self.listings.snapshot(),
-            "metadata": self.nodes.snapshot(),
-            "documents": self.documents.snapshot(),
-            "read-ahead": self.read_ahead.snapshot(),
-            **source.pop("caches", {}),
+    def caches(self) -> dict[str, LruCache | ReadAhead]:
+        return {
+            "shard indexes": self.indexes,
+            "listings": self.listings,
+            "metadata": self.nodes,
+            "documents": self.documents,
+            "read-ahead": self.read_ahead,
         }
-        return {"source": source, "caches": caches}
 
     # -- classification ---------------------------------------------------
 
-    def root(self) -> Node:
-        stat = self.storage.stat("")
-        if stat is None or not stat.is_dir:
-            raise NotFound("source root is gone")
+    def _root(self) -> Node:
         return self.dir_node("")
 
     def lookup(self, parent: Node, name: str) -> Node:
@@ -746,25 +524,19 @@ class Namespace(Resolves):
         if self.guard is not None:
             self.guard(key)
             listed = None  # it may have been written while we waited
-        for _ in attempts():
-            stat, listed = listed or self.storage.stat(key), None
-            if stat is None or stat.is_dir:
-                return None
+
+        def load(stat: Stat) -> ShardTable:
             if not array.layout.levels:
                 entries = np.array([0, stat.size], dtype=np.uint64)
                 shape = (1,) * array.layout.ndim + (2,)
                 return ShardTable(stat, entries.reshape(shape), stat.size)
             cache_key = (key, stat.version)
-            try:
-                table = self.indexes.get(
-                    cache_key, lambda st=stat: self._load_table(array, key, st)
-                )
-            except SourceChanged:
-                continue  # changing while we read its index: read the new one
+            table = self.indexes.get(cache_key, lambda: self._load_table(array, key, stat))
             if table.end != stat.size:
                 self.indexes.discard(cache_key)  # an append is under way: see `_load_table`
             return table
-        raise StorageError(f"{self.storage.describe(key)} keeps changing while its index is read")
+
+        return latest(self.storage, key, load, listed, "its index is read")
 
     def next_shard(
         self, array: ArrayView, shard: tuple[int, ...], n: int
@@ -797,14 +569,12 @@ class Namespace(Resolves):
         end = stat.size if before is None else before
         pin = self.storage.pin(key, stat)
         try:
-            raw = self._fill(array, pin, 0, 0, end, np.arange(count), entries)
-        except CorruptData as e:
-            current = self.storage.stat(key)
-            if current is None or current.version != stat.version:
-                raise SourceChanged(f"{self.storage.describe(key)} changed") from None
-            raise logged_corruption(
-                f"{self.storage.describe(key)}: corrupt shard, its chunks give EIO: {e}"
-            ) from None
+            raw = verified(
+                self.storage,
+                key,
+                stat,
+                lambda: self._fill(array, pin, 0, 0, end, np.arange(count), entries),
+            )
         finally:
             pin.close()
         return ShardTable(stat, entries.reshape((*cps, 2)), end, crc32c.crc32c(raw))
@@ -1187,24 +957,38 @@ class Namespace(Resolves):
             stat = self.storage.stat(key)
             if stat is None or stat.is_dir:
                 raise NotFound(node.path)
-            return Reader(self, node, self.storage.pin(key, stat), stat, 0, stat.size)
+            pin = self.storage.pin(key, stat)
+            return Reader(self.storage, node.path, stat, pin, 0, stat.size)
         if node.role is Role.METADATA:
             return self._open_document(node)
-        meta = self._fresh(node.meta)
-        node = Node(node.path, node.role, meta, node.coords)
-        assert isinstance(meta, ArrayView)
+        array = self._fresh(node.meta)
+        assert isinstance(array, ArrayView)
         for _ in attempts():
-            key, table, offset, nbytes = self.locate(meta, node.coords)
+            key, table, offset, nbytes = self.locate(array, node.coords)
             try:
                 pin = self.storage.pin(key, table.stat)
             except SourceChanged:
                 continue  # replaced since its index was read: locate it again
-            v2 = meta.v2
-            if v2 is None or v2.transform is Transform.RAW:
-                return Reader(self, node, pin, table.stat, offset, nbytes, table=table)
-            size = meta.served_size(nbytes)
+            shard = array.layout.shard_of(node.coords)[0]
+            chunk = Chunk(
+                self.read_ahead,
+                table,
+                lambda n, a=array, s=shard: self.next_shard(a, s, n),
+                lambda pin, now, a=array, t=table: self.still_holds(a, t, pin, now),
+            )
+            v2 = array.v2
+            serve = None if v2 is None or v2.transform is Transform.RAW else v2.serve
+            size = nbytes if serve is None else array.served_size(nbytes)
             return Reader(
-                self, node, pin, table.stat, offset, nbytes, size, serve=v2.serve, table=table
+                self.storage,
+                node.path,
+                table.stat,
+                pin,
+                offset,
+                nbytes,
+                size,
+                decode=serve,
+                chunk=chunk,
             )
         raise StorageError(f"{node.path} keeps changing while it is opened")
 
@@ -1217,8 +1001,7 @@ class Namespace(Resolves):
                 data, _ = self._document(meta, node.name)
             except SourceChanged:
                 continue  # replaced since it was looked up: render the new one
-            node = Node(node.path, node.role, meta, node.coords)
-            return Reader(self, node, None, meta.metadata, 0, len(data), data=data)
+            return Reader(self.storage, node.path, meta.metadata, None, data=data)
         raise StorageError(f"{node.path} keeps changing while it is opened")
 
 

@@ -27,7 +27,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, TypeVar
 
 import numpy as np
 
@@ -50,24 +49,23 @@ from shardfs.formats.precomputed import (
     is_volume,
     parse_info,
 )
+from shardfs.retry import attempts
 from shardfs.storage.base import Entry, Stat, Storage
+from shardfs.view.base import (
+    Chunk,
+    Reader,
+    SourceView,
+    entry_path,
+    latest,
+    logged_corruption,
+    verified,
+)
 from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import join
-from shardfs.view.namespace import (
-    WHOLE_CHUNK_LIMIT,
-    Attr,
-    Node,
-    Resolves,
-    Role,
-    entry_path,
-    logged_corruption,
-)
-from shardfs.view.nodes import Listing
+from shardfs.view.nodes import Attr, Listing, Node, Role
 from shardfs.view.readahead import Extents, NextShard, ReadAhead
 
 log = logging.getLogger("shardfs")
-
-T = TypeVar("T")
 
 #: The most bytes one merged read of gzip trailers may span (see `_read_ranges`).
 MAX_SPAN = 16 << 20
@@ -147,7 +145,7 @@ def _cost(value: np.ndarray | _Run | int) -> int:
     return 128
 
 
-class PrecomputedNamespace(Resolves):
+class PrecomputedNamespace(SourceView):
     """The view of one precomputed source, for the FUSE adapter's read-only calls
     (`root`, `resolve`, `lookup`, `attr`, `listdir`, `open`). Thread-safe; every method
     may block on storage."""
@@ -172,8 +170,8 @@ class PrecomputedNamespace(Resolves):
     def volume(self) -> Volume | None:
         """The volume as `info` describes it now; None (everything passes through) if the
         info is gone or no longer valid."""
-        return self._pinned(
-            INFO, lambda stat: self.volumes.get(stat.version, self._info_loader(stat))
+        return latest(
+            self.storage, INFO, lambda stat: self.volumes.get(stat.version, self._info_loader(stat))
         )
 
     def _info_loader(self, stat: Stat) -> Callable[[], Volume | None]:
@@ -190,42 +188,19 @@ class PrecomputedNamespace(Resolves):
 
         return load
 
-    def _pinned(self, key: str, load: Callable[[Stat], T]) -> T | None:
-        """`load(stat)` of object `key` as it is now, or None if there is none; read
-        again if it changes meanwhile."""
-        for _attempt in range(3):
-            stat = self.storage.stat(key)
-            if stat is None or stat.is_dir:
-                return None
-            try:
-                return load(stat)
-            except SourceChanged:
-                continue
-        raise StorageError(f"{self.storage.describe(key)} keeps changing while it is read")
-
     # -- classification ----------------------------------------------------------------
-
-    #: Precomputed sources are mounted read-only (see `ViewInterface`).
-    writes: None = None
 
     def digest_source(self, node: Node) -> None:
         return None  # `user.md5` is a Zarr view's
 
-    def stats(self) -> dict[str, Any]:
-        """Figures for `shardfs stats`: what the source was asked, and each cache's."""
-        source = self.storage.stats()
-        caches = {
-            "shard indexes": self.indexes.snapshot(),
-            "metadata": self.volumes.snapshot(),
-            "read-ahead": self.read_ahead.snapshot(),
-            **source.pop("caches", {}),
+    def caches(self) -> dict[str, LruCache | ReadAhead]:
+        return {
+            "shard indexes": self.indexes,
+            "metadata": self.volumes,
+            "read-ahead": self.read_ahead,
         }
-        return {"source": source, "caches": caches}
 
-    def root(self) -> Node:
-        stat = self.storage.stat("")
-        if stat is None or not stat.is_dir:
-            raise NotFound("source root is gone")
+    def _root(self) -> Node:
         return Node("", Role.DIR)
 
     def lookup(self, parent: Node, name: str) -> Node:
@@ -278,7 +253,7 @@ class PrecomputedNamespace(Resolves):
                 return None
             return _Chunk(run, position, *found)
 
-        chunk = self._pinned(key, find)
+        chunk = latest(self.storage, key, find)
         if chunk is None:
             raise NotFound(path)
         return chunk
@@ -286,7 +261,8 @@ class PrecomputedNamespace(Resolves):
     def _shard_index(self, scale: Scale, key: str, stat: Stat) -> np.ndarray:
         def load() -> np.ndarray:
             size = scale.sharding.index_size
-            return self._verified(
+            return verified(
+                self.storage,
                 key,
                 stat,
                 lambda: scale.sharding.decode_shard_index(
@@ -302,7 +278,8 @@ class PrecomputedNamespace(Resolves):
         self, scale: Scale, key: str, stat: Stat, shard: int, minishard: int, start: int, end: int
     ) -> _Run:
         def load() -> _Run:
-            index = self._verified(
+            index = verified(
+                self.storage,
                 key,
                 stat,
                 lambda: scale.decode_minishard(
@@ -346,19 +323,6 @@ class PrecomputedNamespace(Resolves):
         if run.scale.sharding.hash != "identity":
             return None
         return lambda n: self.next_run(run, n)
-
-    def _verified(self, key: str, stat: Stat, decode: Callable[[], T]) -> T:
-        """`decode()` of an index of shard `key`; its CorruptData logged once, naming the
-        shard, unless the shard changed meanwhile (then SourceChanged: read it again)."""
-        try:
-            return decode()
-        except CorruptData as e:
-            current = self.storage.stat(key)
-            if current is None or current.version != stat.version:
-                raise SourceChanged(f"{self.storage.describe(key)} changed") from None
-            raise logged_corruption(
-                f"{self.storage.describe(key)}: corrupt shard, its chunks give EIO: {e}"
-            ) from None
 
     def _file_size(self, chunk: _Chunk) -> int:
         """The size of a chunk's file; for gzip sizes, one read of its trailer (cached)."""
@@ -448,7 +412,7 @@ class PrecomputedNamespace(Resolves):
 
     def listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
         """The entries of a directory node, sorted by name."""
-        for _attempt in range(3):
+        for _ in attempts():
             try:
                 listing = self._listdir(node)
             except SourceChanged:
@@ -520,157 +484,44 @@ class PrecomputedNamespace(Resolves):
 
     # -- data ----------------------------------------------------------------------------
 
-    def open(self, node: Node) -> Document | Reader:
-        for _attempt in range(3):
+    def open(self, node: Node) -> Reader:
+        for _ in attempts():
             try:
                 return self._open(node)
             except SourceChanged:
                 continue  # replaced since it was located: locate it again
         raise StorageError(f"{node.path} keeps changing while it is opened")
 
-    def _open(self, node: Node) -> Document | Reader:
-        target = self._target(self.volume(), node.path)
+    def _open(self, node: Node) -> Reader:
+        volume = self.volume()
+        target = self._target(volume, node.path)
         if isinstance(target, Volume):
-            return Document(target.info)
+            info = self.storage.stat(INFO)
+            if info is None or info.is_dir:
+                raise SourceChanged(f"{self.storage.describe(INFO)} is gone")
+            return Reader(self.storage, node.path, info, None, data=target.info)
         if isinstance(target, Stat):
             if target.is_dir:
                 raise IsADirectory(node.path)
-            # Small files whole where requests are costly, so a file costs one request.
-            whole = self.storage.request_cost > 0 and target.size <= WHOLE_CHUNK_LIMIT
-            return Reader(self, node.path, node.path, target, 0, target.size, target.size, whole)
+            pin = self.storage.pin(node.path, target)
+            return Reader(self.storage, node.path, target, pin, 0, target.size)
         chunk = target
         size = self._file_size(chunk)
         sharding = chunk.scale.sharding
-        if not sharding.data_gzip:
-            if chunk.stored != size:
-                raise logged_corruption(
-                    f"{node.path} (stored in {self.storage.describe(chunk.key)}): chunk holds "
-                    f"{chunk.stored} bytes, its file size says {size}"
-                )
-            whole = size <= WHOLE_CHUNK_LIMIT
-            return Reader(
-                self, node.path, chunk.key, chunk.stat, chunk.offset, size, size, whole, chunk.run
+        if not sharding.data_gzip and chunk.stored != size:
+            raise logged_corruption(
+                f"{node.path} (stored in {self.storage.describe(chunk.key)}): chunk holds "
+                f"{chunk.stored} bytes, its file size says {size}"
             )
+        decode = (lambda stored: sharding.decode_data(stored, size)) if sharding.data_gzip else None
         return Reader(
-            self,
+            self.storage,
             node.path,
-            chunk.key,
             chunk.stat,
+            self.storage.pin(chunk.key, chunk.stat),
             chunk.offset,
             chunk.stored,
             size,
-            whole=True,
-            run=chunk.run,
-            decode=lambda stored: sharding.decode_data(stored, size),
+            decode=decode,
+            chunk=Chunk(self.read_ahead, chunk.run, self.ahead(chunk.run)),
         )
-
-
-class Document:
-    """An open file whose content the view made (the rewritten info)."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self.size = len(data)
-
-    def read(self, offset: int, size: int) -> bytes:
-        return self._data[offset : offset + size]
-
-    pinned = False  #: it serves what the view made (see `Reader.pinned`)
-
-    def outdated(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        """Nothing to let go."""
-
-
-class Reader:
-    """An open file backed by `stored` bytes of object `key` from `base`, pinned to the
-    version seen at open (see `Pin`): a passthrough file changed in place since shows
-    its new content; a chunk whose shard changed fails, as nothing proves its bytes the same
-    (precomputed shards are rewritten whole, never appended to).
-
-    A `whole` file is read whole on its first read and served from memory until it
-    has been read to its end, so that it costs one request however the kernel splits
-    its reads; a whole chunk, through read-ahead in its minishard `run`. `decode`, if
-    given, turns the stored bytes of a whole file into the file's `size` bytes (a gzip
-    chunk).
-    """
-
-    def __init__(
-        self,
-        namespace: PrecomputedNamespace,
-        path: str,
-        key: str,
-        stat: Stat,
-        base: int,
-        stored: int,
-        size: int,
-        whole: bool,
-        run: _Run | None = None,
-        decode: Callable[[bytes], bytes] | None = None,
-    ) -> None:
-        self._ns = namespace
-        self._path = path
-        self._key = key
-        self._pin = namespace.storage.pin(key, stat)
-        self._base = base
-        self._stored = stored
-        self.size = size
-        self._decode = decode
-        self._whole = whole
-        self._run = run
-        self._data: bytes | None = None
-        self._failed: CorruptData | None = None
-
-    def read(self, offset: int, size: int) -> bytes:
-        if self._failed is not None:
-            raise self._failed
-        if offset >= self.size or size <= 0:
-            return b""
-        size = min(size, self.size - offset)
-        if not self._whole:
-            return self._fetch(offset, size)
-        data = self._data if self._data is not None else self._load()
-        # Read to the end: free the buffer of a sequential reader.
-        self._data = None if offset + size >= self.size else data
-        return data[offset : offset + size]
-
-    def _load(self) -> bytes:
-        stored = self._fetch(0, self._stored)
-        if self._decode is None:
-            return stored
-        try:
-            return self._decode(stored)
-        except CorruptData as e:
-            where = self._ns.storage.describe(self._key)
-            self._failed = logged_corruption(f"{self._path} (stored in {where}): {e}")
-            raise self._failed from None
-
-    def _fetch(self, offset: int, size: int) -> bytes:
-        try:
-            run = self._run
-            if run is not None and offset == 0 and size == self._stored:
-                ahead = self._ns.ahead(run)
-                return self._ns.read_ahead.read(self._pin, run, self._base, size, ahead)
-            return self._pin.read(self._base + offset, size)
-        except SourceChanged:
-            now = self._pin.current()
-            where = self._ns.storage.describe(self._key)
-            if now is None or now.is_dir:
-                raise StorageError(f"{where} was removed while {self._path} was open") from None
-            if self._key != self._path or not self._pin.in_place:
-                raise StorageError(f"{where} was rewritten while {self._path} was open") from None
-            self._pin.follow(now)
-            self._stored = self.size = now.size  # a passthrough file: its new content
-            return self._pin.read(self._base + offset, min(size, max(0, now.size - offset)))
-
-    pinned = True  #: it serves a version of a stored object
-
-    def outdated(self) -> bool:
-        """Whether its object changed since it was opened (for readers that outlive an
-        open: the FUSE adapter's kernel-served reads)."""
-        return self._pin.outdated()
-
-    def close(self) -> None:
-        self._pin.close()

@@ -57,8 +57,9 @@ from shardfs.formats.zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA, Transform
 from shardfs.formats.zarr_v3 import Unshardable, parse_node, plain_layout, render, sharded_layout
 from shardfs.storage.base import ABSENT
 from shardfs.storage.blocking import WouldBlock, may_block
+from shardfs.view.base import Reader
 from shardfs.view.hierarchy import METADATA, NodeDoc, join
-from shardfs.view.namespace import ArrayView, Attr, Namespace, Node, Reader, Role, View
+from shardfs.view.namespace import ArrayView, Attr, Namespace, Node, Role, View
 from shardfs.view.nodes import Listing
 from shardfs.writeback.buffer import WriteBuffer
 from shardfs.writeback.commit import Committer
