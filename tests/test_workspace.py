@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -25,10 +27,12 @@ from shardfs.errors import (
     ReadOnly,
 )
 from shardfs.storage import LocalStorage
+from shardfs.storage.blocking import WouldBlock, may_block, nonblocking
 from shardfs.view import Namespace, Node, View
 from shardfs.writeback import Handle, Workspace, WriteBuffer
 
 CHUNK = (4, 4)
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -75,6 +79,16 @@ def read(ws: Workspace, path: str) -> bytes:
     if isinstance(handle, Handle):
         ws.release(handle)
     return data
+
+
+def attempt(call: Callable[..., T], *args: object) -> T:
+    """`call` as the FUSE adapter runs it: inline without waiting, then again from the
+    start where it may wait (see `Operations._run`)."""
+    try:
+        with nonblocking():
+            return call(*args)
+    except WouldBlock:
+        return call(*args)
 
 
 def test_rename_over_a_chunk_is_buffered_then_appended(source: Path) -> None:
@@ -243,3 +257,53 @@ def test_a_lookup_stats_each_metadata_document_once(source: Path) -> None:
     assert ws.entry(ws.resolve("f"), "0.1")[0].coords == (0, 1)
     with pytest.raises(NotFound):
         ws.entry(ws.resolve("f"), "1.1")
+
+
+def test_a_rename_frees_the_copy_it_made_whatever_happens(source: Path) -> None:
+    """A file of the source renamed onto a file that is stored (a metadata document, a
+    file stored as written) is copied into the buffer first: that copy is freed when the
+    store is refused, and after an inline attempt that had to wait for the store."""
+    zarr.create_array(source / "s", shape=(), dtype="f8", fill_value=0.0)[...] = 2.5
+    ws = workspace(source)
+    directory = ws.resolve("a/c/0")
+    with pytest.raises(InvalidWrite):  # a chunk is no JSON
+        ws.rename(directory, "0", ws.resolve("a"), "zarr.json", noreplace=False)
+    assert ws.buffer.used == 0
+    content = read(ws, "a/c/0/1")
+    attempt(ws.rename, directory, "1", ws.resolve("s"), "c", False)
+    assert (source / "s" / "c").read_bytes() == content
+    assert ws.buffer.used == 0
+
+
+def test_a_reopen_that_must_wait_takes_one_handle(source: Path) -> None:
+    """`O_TRUNC` through /proc/PID/fd of an unlinked file whose blob is spilled: the
+    inline attempt cannot cut the spool file, and must not count a handle for it."""
+    ws = workspace(source, budget=100)
+    handle = ws.open(ws.resolve("a/c/0/0"), os.O_RDWR)
+    assert isinstance(handle, Handle)
+    ws.unlink(ws.resolve("a/c/0"), "0")
+    ws.write(handle, 64, bytes(100))
+    assert handle.entry.blob.in_memory == 0  # spilled
+    again = attempt(ws.reopen, handle, os.O_WRONLY | os.O_TRUNC)
+    assert handle.entry.handles == 2 and again.attr().size == 0
+    ws.release(again)
+    ws.release(handle)
+    assert not os.listdir(ws.buffer.spool_dir) and ws.buffer.used == 0
+
+
+def test_a_mkdir_that_must_wait_makes_the_directory(
+    source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mkdir whose inline attempt meets a source that must be asked (S3 without a
+    fresh cached answer) makes the directory in the thread, not EEXIST."""
+    ws = workspace(source)
+    attr = ws.ns.attr
+
+    def uncached(node: Node) -> object:
+        if not may_block():
+            raise WouldBlock
+        return attr(node)
+
+    monkeypatch.setattr(ws.ns, "attr", uncached)
+    node, made = attempt(ws.mkdir, ws.resolve("a/c"), "3")
+    assert node.path == "a/c/3" and made.is_dir

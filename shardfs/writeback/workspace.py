@@ -278,9 +278,9 @@ class Workspace:
             parent = self.current(parent)
             if self._exists(parent, name):
                 raise AlreadyExists(join(parent.path, name))
-            self.overlay.add_dir(join(parent.path, name))
             node = self._dir_in(parent, name)
-            return node, self.attr(node)
+            self.overlay.add_dir(node.path)  # the last step: nothing after it reads
+            return node, Attr(True, 0, self.overlay.dir_mtime(node.path))
 
     def rmdir(self, parent: Node, name: str) -> Node:
         """Remove an empty directory; returns the node it was."""
@@ -317,13 +317,14 @@ class Workspace:
                 return node, node, False
             replacing = self._check_target(new_parent, new_name, replace=not noreplace)
             pinned = self._pin(node.path)
+            copy = None  # of a file of the source: freed unless it takes the target's place
             try:
                 if isinstance(pinned, Buffered):
                     entry = pinned
                     was = self._check_removable(node, entry)
                 else:
                     was = self._check_removable(node, None)
-                    entry = self._copy_up(node, keep=True, track=False)
+                    copy = entry = self._copy_up(node, keep=True, track=False)
                 generation, content = -1, b""
                 if kind in STORED:
                     generation, content = self._snapshot(entry)
@@ -345,16 +346,16 @@ class Workspace:
                     entry.path, entry.kind, entry.shard = target.path, kind, shard
                     entry.coords, entry.committed = target.coords, generation
                     replaced = self.overlay.put(entry)
+                    copy = None
                     if isinstance(replaced, Buffered) and replaced.handles == 0:
                         replaced.blob.release()  # a file renamed over, open nowhere
-                else:
-                    if entry is not pinned:
-                        entry.blob.release()  # the copy stored
-                    if kind is Kind.PASSTHROUGH:
-                        self._drop(target.path)  # the source holds what stands there now
+                elif kind is Kind.PASSTHROUGH:
+                    self._drop(target.path)  # the source holds what stands there now
             finally:
                 if isinstance(pinned, Buffered):
                     self._unpin(pinned)
+                if copy is not None:
+                    copy.blob.release()  # stored, refused, or to be made again after WouldBlock
             return node, target, replacing
 
     def link(self, node: Node, new_parent: Node, new_name: str) -> tuple[Node, Attr]:
@@ -404,10 +405,10 @@ class Workspace:
     def reopen(self, handle: Handle, flags: int) -> Handle:
         """Another handle on the file of `handle`, wherever (or whether) it is in the view."""
         with self._locked():
+            if flags & os.O_TRUNC:
+                self._truncate(handle.entry, 0)  # idempotent: may raise WouldBlock
             with self.overlay.lock:
                 handle.entry.handles += 1
-            if flags & os.O_TRUNC:
-                self._truncate(handle.entry, 0)
             return Handle(handle.entry)
 
     def truncate_open(self, handle: Handle, size: int) -> Attr:
