@@ -131,7 +131,7 @@ def test_truncating_open_and_unlink(source: Path) -> None:
     ws.unlink(ws.resolve("a/c/0"), "0")
     with pytest.raises(NotFound):
         ws.resolve("a/c/0/0")
-    assert "0" not in [name for name, _, _ in ws.listdir(ws.resolve("a/c/0"))]
+    assert "0" not in [name for name, _, _ in ws.listing(ws.resolve("a/c/0")).items()]
     assert ws.sync() == 0
     values = zarr.open_array(source / "a", mode="r")[...]
     assert (values[4:8, 4:8] == 9).all() and (values[0:4, 0:4] == 0).all()

@@ -35,7 +35,16 @@ from shardfs.formats.codecs import (
     v3_fill,
 )
 from shardfs.formats.shard_index import normalize_codec
-from shardfs.formats.zarr_v3 import SHARDING, is_array, parse_node, render, sharded_layout
+from shardfs.formats.zarr_v2 import ZATTRS, ZGROUP, ZMETADATA
+from shardfs.formats.zarr_v3 import (
+    SHARDING,
+    Unshardable,
+    is_array,
+    parse_node,
+    plain_layout,
+    render,
+    sharded_layout,
+)
 
 #: Fields of an array's metadata a writer may change through the view.
 MUTABLE = frozenset({"attributes", "shape", "dimension_names"})
@@ -428,3 +437,73 @@ def _output_itemsize(codec: dict[str, Any], itemsize: int) -> int:
             except (TypeError, ValueError):
                 raise InvalidMetadata(f"codec {codec['id']!r}: {key} {codec[key]!r}") from None
     return itemsize
+
+
+def stored_v3(
+    raw: bytes, source: dict | None, view: dict | None, shard_new: int | None, what: str
+) -> bytes:
+    """What the source stores for a `zarr.json` written in the v3 view over `source` (the
+    stored document, None if none), `view` being the unsharded document the view shows
+    for a sharded array (None for anything else). A document that asks for sharding the
+    view did not show (a new sharded array, the sharding of an array added, changed or
+    removed) is refused: see `check_sharding`."""
+    if source is None:
+        # An array the view will show unchanged (whole-shard compression, say) is stored
+        # as written, its sharding included: its shards pass through as written too.
+        return new_v3(raw, shard_new, shown=shown_unchanged(raw), what=what)
+    written = parse_written(raw, "zarr.json")
+    if view is None:
+        # A group, an unsharded array or an array shown unchanged: stored as written.
+        return new_v3(raw, shard_new, shown=source, what=what)
+    return render(updated_v3(source, view, written, shard_new, what))
+
+
+def stored_v2(
+    directory: str,
+    name: str,
+    raw: bytes,
+    source: dict | None,
+    zarray: dict | None,
+    axes: list[str] | None,
+    shard_new: int | None,
+) -> bytes | None:
+    """What the source stores for the v2 document `name` written in `directory` over
+    `source` (the stored `zarr.json`, None if none); None if nothing changes. `zarray` is
+    the `.zarray` the view shows for the array there (None for a group), `axes` the
+    dimension names of the OME-Zarr image a new array is a level of."""
+    written = parse_written(raw, name)
+    if name == ZMETADATA:
+        return None  # the view consolidates by itself
+    if name == ZGROUP:
+        if source is None:
+            return render({"zarr_format": 3, "node_type": "group", "attributes": {}})
+        if source.get("node_type") != "group":
+            raise InvalidWrite(f"{directory}: .zgroup written over an array")
+        return None
+    if source is None:
+        if name == ZATTRS:
+            raise InvalidWrite(f"{directory}: .zattrs written before .zarray or .zgroup")
+        meta = v3_from_zarray(written)
+        meta = (with_dimension_names(meta, axes) if axes else None) or meta
+        return render(shard(meta, shard_new) if shard_new else meta)
+    if name == ZATTRS:
+        return render(updated_from_zattrs(source, written))
+    if zarray is None:
+        raise InvalidWrite(f"{directory}: .zarray written over a group")
+    return render(updated_from_zarray(source, zarray, written))
+
+
+def shown_unchanged(raw: bytes) -> dict | None:
+    """The metadata of a new `zarr.json` if it makes an array that the v3 view shows
+    unchanged (see `Namespace._array_view`), else None."""
+    try:
+        meta = parse_node(raw)
+        if meta["node_type"] != "array":
+            return None
+        if sharded_layout(meta) is None:
+            plain_layout(meta, raw)
+    except Unshardable:
+        return meta
+    except Exception:
+        return None  # refused or stored by `new_v3`, which tells why
+    return None

@@ -5,8 +5,9 @@ for their commit, files being written that are stored as written when closed,
 and scratch files that never reach the source), deleted
 chunks waiting for theirs, and directories made by `mkdir` that exist only in
 the view. It also tracks which shards have uncommitted changes and since
-when, which is what the committer works from. One lock guards it all; the
-methods are short and never do I/O.
+when, which is what the committer works from, and how many handles have each
+buffered file: the last one out frees it. One lock guards it all; the methods
+are short and do no I/O but unlink the spool file of a spilled blob they free.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class Kind(Enum):
     #: a file at a chunk key of an array the view shows unchanged: stored whole, as written,
     #: at the same key when it is closed, renamed into place, linked or fsynced
     PASSTHROUGH = auto()
+
+
+#: Kinds of files stored in the source when they are closed, renamed into place or fsynced.
+STORED = (Kind.METADATA, Kind.PASSTHROUGH)
 
 
 @dataclass(eq=False)
@@ -143,6 +148,51 @@ class Overlay:
             names.discard(name)
             if not names:
                 del self._children[parent]
+
+    # -- handles ------------------------------------------------------------------
+
+    def pin(self, path: str) -> Entry | None:
+        """The entry at `path`; a buffered one with one handle more, taken in the same
+        step, so that neither a commit nor the last close of another handle frees it while
+        a change works on it. Every pin is undone by `unpin` (or kept by a handle)."""
+        with self.lock:
+            entry = self._entries.get(path)
+            if isinstance(entry, Buffered):
+                entry.handles += 1
+            return entry
+
+    def hold(self, entry: Buffered) -> None:
+        """One handle more on an entry that an open handle already keeps alive, wherever
+        (or whether) it is in the overlay."""
+        with self.lock:
+            entry.handles += 1
+
+    def unpin(self, entry: Buffered, closing: bool = False) -> None:
+        """One handle fewer. After the last one, a clean chunk or file stored as written
+        (and, `closing` a file, a metadata document or a file stored as written whose store
+        failed: its writer was told at close) leaves the overlay: the source holds it. An
+        entry no longer in the overlay is freed."""
+        with self.lock:
+            entry.handles -= 1
+            if entry.handles:
+                return
+            tracked = self._entries.get(entry.path) is entry
+            if tracked and (
+                (closing and entry.kind in STORED)
+                or (entry.kind in (Kind.CHUNK, Kind.PASSTHROUGH) and not entry.dirty)
+            ):
+                self.remove(entry.path)
+                tracked = False
+            if not tracked:
+                entry.blob.release()
+
+    def discard(self, path: str) -> Entry | None:
+        """`remove`, and free the blob of a buffered file no handle has open."""
+        with self.lock:
+            entry = self.remove(path)
+            if isinstance(entry, Buffered) and entry.handles == 0:
+                entry.blob.release()
+            return entry
 
     # -- dirty shards ---------------------------------------------------------------
 
