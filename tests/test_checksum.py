@@ -567,7 +567,7 @@ def test_a_chunk_failing_its_crc32c_is_named_in_one_line(
     array = zarr.create_array(source, shape=crc.data.shape, dtype=crc.data.dtype, **crc.options)
     array[...] = crc.data
     namespace = Namespace(LocalStorage(source))
-    key, _, offset, _ = namespace.locate(namespace.resolve("c/1/1").array, (1, 1))
+    key, _, offset, _ = namespace.shards.locate(namespace.resolve("c/1/1").array, (1, 1))
     with open(source / key, "r+b") as f:
         f.seek(offset + 2)
         byte = f.read(1)

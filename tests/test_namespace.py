@@ -136,7 +136,7 @@ def test_entry_is_lookup_and_attr_with_one_stat_per_object(
             stats.clear()
             ns.entry(parent, name)
             assert sorted(stats) == sorted(
-                [f"{parent.array.key}/zarr.json", ns.locate(parent.array, node.coords)[0]]
+                [f"{parent.array.key}/zarr.json", ns.shards.locate(parent.array, node.coords)[0]]
             ), stats
     for missing in ["nested/sharded/c/5", "nested/sharded/c/0/8", "flat/0.0"]:
         parent_path, _, name = missing.rpartition("/")
@@ -208,7 +208,7 @@ def test_concurrent_lookups_share_one_index_read(
         t.join()
     assert not errors
     assert storage.reads - before == 1  # four chunks of one shard, one index read
-    assert ns.indexes.stats.loads == 1
+    assert ns.shards.indexes.stats.loads == 1
 
 
 def test_index_cache_stays_within_budget(source: tuple[Path, dict[str, np.ndarray]]) -> None:
@@ -217,8 +217,8 @@ def test_index_cache_stays_within_budget(source: tuple[Path, dict[str, np.ndarra
     flat = ns.resolve("flat")
     names = [name for name, _, _ in ns.listdir(flat)]
     assert len(names) == 101
-    assert ns.indexes.used <= 2000
-    assert ns.indexes.stats.evictions > 0
+    assert ns.shards.indexes.used <= 2000
+    assert ns.shards.indexes.stats.evictions > 0
 
 
 def test_source_rewritten_behind_the_view_is_reread(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ class ChunkDigests:
             return None
         node = self.ns.refresh(node)
         array = node.array
-        key, table, offset, nbytes = self.ns.locate(array, node.coords)
+        key, table, offset, nbytes = self.ns.shards.locate(array, node.coords)
         where = (key, table.stat.version, offset, nbytes, array.metadata.version)
         return self.cache.get(where, lambda: self._md5(node))
 

@@ -231,4 +231,4 @@ def _describe(workspace: Workspace, ref: ShardRef) -> str:
         array = None
     if array is None:
         return f"shard {list(ref[1])} of {ref[0] or '/'}"
-    return workspace.storage.describe(workspace.ns.shard_key(array, ref[1]))
+    return workspace.storage.describe(workspace.ns.shards.key(array, ref[1]))

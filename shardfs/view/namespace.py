@@ -30,27 +30,20 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import threading
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from enum import Enum
 
-import crc32c
-import numpy as np
-
 from shardfs.errors import (
-    CorruptData,
     InvalidMetadata,
     IsADirectory,
-    MissingChunk,
     NotADirectory,
     NotFound,
     SourceChanged,
     StorageError,
 )
 from shardfs.formats import ome
-from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.zarr_v2 import (
     ZARRAY,
     ZATTRS,
@@ -71,8 +64,8 @@ from shardfs.formats.zarr_v3 import (
 )
 from shardfs.formats.zarr_v3 import render as render_v3
 from shardfs.retry import attempts
-from shardfs.storage.base import Entry, Pin, Stat, Storage
-from shardfs.view.base import Chunk, Reader, SourceView, entry_path, latest, verified
+from shardfs.storage.base import Stat, Storage
+from shardfs.view.base import Chunk, Reader, SourceView, entry_path
 from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, ZarrV3, join
 from shardfs.view.nodes import (
@@ -84,9 +77,9 @@ from shardfs.view.nodes import (
     Node,
     NodeView,
     Role,
-    ShardTable,
 )
 from shardfs.view.readahead import ReadAhead
+from shardfs.view.shards import Shards, listed
 
 log = logging.getLogger("shardfs")
 
@@ -100,8 +93,6 @@ class View(Enum):
 #: soon as they are parsed, so that they are read once per version; bigger ones only
 #: when a metadata file is stat'ed, listed or read (see `Namespace._load_meta`).
 EAGER_RENDER = 1 << 20
-#: Shard keys kept encoded (see `Namespace.shard_key`); all are dropped when full.
-SHARD_KEYS_KEPT = 4096
 
 
 class Namespace(SourceView):
@@ -130,18 +121,9 @@ class Namespace(SourceView):
         #: Serve unsharded arrays' chunks through the view too (a writable view routes
         #: writes by array), rather than passing them through.
         self.serve_plain = serve_plain
-        #: Called with a shard's key before its index is read: waits while this
-        #: process is writing that shard (see `shardfs.writeback`).
-        self.guard: Callable[[str], None] | None = None
-        self.indexes: LruCache[ShardTable] = LruCache(
-            index_cache, lambda t: t.cost, cache_errors=(CorruptData,)
-        )
+        self.shards = Shards(storage, index_cache, listing_cache)
         #: Chunks fetched ahead of their reads (only on stores with costly requests).
         self.read_ahead = ReadAhead(storage, read_cache)
-        #: The chunk runs of directory listings (see `_chunks_of_shards`).
-        self.listings: LruCache[list[ChunkRun]] = LruCache(
-            listing_cache, lambda runs: sum(run.cost for run in runs) + 256
-        )
         #: Parsed metadata, by the version of each node's stored document: its view, what
         #: lookups need (layout, chunk naming, v2 transform: a few KB whatever its
         #: attributes), and apart the sizes of the documents the view shows for it, what
@@ -155,7 +137,6 @@ class Namespace(SourceView):
         self.documents: LruCache[dict[str, bytes] | bytes] = LruCache(
             document_cache, lambda d: (len(d) if isinstance(d, bytes) else _size(d)) + 256
         )
-        self._shard_keys: dict[tuple[str, Hashable, tuple[int, ...]], str] = {}
         self._snapshots = threading.local()
 
     def digest_source(self, node: Node) -> Namespace | None:
@@ -163,8 +144,8 @@ class Namespace(SourceView):
 
     def caches(self) -> dict[str, LruCache | ReadAhead]:
         return {
-            "shard indexes": self.indexes,
-            "listings": self.listings,
+            "shard indexes": self.shards.indexes,
+            "listings": self.shards.listings,
             "metadata": self.nodes,
             "documents": self.documents,
             "read-ahead": self.read_ahead,
@@ -179,7 +160,7 @@ class Namespace(SourceView):
         with self.snapshot():
             node = self._lookup(parent, name)
             if node.role is Role.CHUNK:
-                self.locate(node.array, node.coords)  # it exists only if its index has it
+                self.shards.locate(node.array, node.coords)  # it exists only if its index has it
             return node
 
     def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
@@ -217,32 +198,12 @@ class Namespace(SourceView):
                 if not self.tree.passthrough or layout.keys.owns(name, layout.ndim):
                     raise NotFound(path)  # a shard: replaced by the view's chunks
                 return self._source_node(path, inside_array=True)
-        node = self.key_node(Node(parent.path, parent.role, meta, parent.coords), name)
+        node = self.shards.key_node(Node(parent.path, parent.role, meta, parent.coords), name)
         if node is None:
             raise NotFound(path)
-        if node.role is Role.CHUNK_DIR and not self._chunk_dir_exists(meta, node.coords):
+        if node.role is Role.CHUNK_DIR and not self.shards.has_directory(meta, node.coords):
             raise NotFound(path)
         return node
-
-    def key_node(self, parent: Node, name: str) -> Node | None:
-        """What `name` in an array or chunk directory names in the array's key space,
-        whether or not it exists: a CHUNK, a CHUNK_DIR, or None (not a key)."""
-        array = parent.array
-        layout, names = array.layout, array.names
-        if parent.role is Role.ARRAY:
-            if name in array.docs or not names.owns(name, layout.ndim):
-                return None
-            parts = [name]
-        else:
-            parts = [*self._key_parts(parent), name]
-        path = join(parent.path, name)
-        coords = names.decode("/".join(parts), layout.ndim)
-        if coords is not None:
-            return Node(path, Role.CHUNK, array, coords)
-        prefix = names.dir_depth(parts, layout.ndim)
-        if prefix is None or not all(0 <= i < g for i, g in zip(prefix, layout.grid, strict=False)):
-            return None
-        return Node(path, Role.CHUNK_DIR, array, prefix)
 
     def refresh(self, node: Node) -> Node:
         """The node for the same path now, raising NotFound if it is gone."""
@@ -290,7 +251,7 @@ class Namespace(SourceView):
             if doc is not None and doc.key is not None:
                 shown = doc.key.rpartition("/")[2]
                 node = Node(join(group.key, shown), Role.FILE, source=doc.key)
-                listing.append((shown, node, self._attr_of(doc.stat)))
+                listing.append((shown, node, Attr.of(doc.stat)))
         return listing
 
     def dir_node(self, key: str) -> Node:
@@ -498,172 +459,6 @@ class Namespace(SourceView):
         assert isinstance(current, ArrayView)
         return current
 
-    # -- shards -------------------------------------------------------------
-
-    def shard_key(self, array: ArrayView, shard: tuple[int, ...]) -> str:
-        # Asked for on every lookup and read of a chunk, for the same few shards.
-        memo = (array.data, array.layout.keys, shard)
-        key = self._shard_keys.get(memo)
-        if key is None:
-            key = join(array.data, array.layout.keys.encode(shard))
-            if len(self._shard_keys) >= SHARD_KEYS_KEPT:
-                self._shard_keys.clear()
-            self._shard_keys[memo] = key
-        return key
-
-    def table(
-        self, array: ArrayView, shard: tuple[int, ...], listed: Stat | None = None
-    ) -> ShardTable | None:
-        """The decoded index of a shard, or None if the shard does not exist.
-
-        `listed` is the shard's stat from a listing just taken, which saves asking
-        for it again (unless this process may have written the shard since). A plain (unsharded) array's chunk object is its own one-entry
-        table, made from its stat without a read or a cache entry.
-        """
-        key = self.shard_key(array, shard)
-        if self.guard is not None:
-            self.guard(key)
-            listed = None  # it may have been written while we waited
-
-        def load(stat: Stat) -> ShardTable:
-            if not array.layout.levels:
-                entries = np.array([0, stat.size], dtype=np.uint64)
-                shape = (1,) * array.layout.ndim + (2,)
-                return ShardTable(stat, entries.reshape(shape), stat.size)
-            cache_key = (key, stat.version)
-            table = self.indexes.get(cache_key, lambda: self._load_table(array, key, stat))
-            if table.end != stat.size:
-                self.indexes.discard(cache_key)  # an append is under way: see `_load_table`
-            return table
-
-        return latest(self.storage, key, load, listed, "its index is read")
-
-    def next_shard(
-        self, array: ArrayView, shard: tuple[int, ...], n: int
-    ) -> tuple[str, ShardTable] | None:
-        """The `n`-th shard after `shard` in C order, with its table, if it exists: where a
-        reader walking the whole array goes next."""
-        grid = array.layout.shard_grid
-        position = int(np.ravel_multi_index(shard, grid)) + n
-        if position >= math.prod(grid):
-            return None
-        coords = tuple(int(c) for c in np.unravel_index(position, grid))
-        table = self.table(array, coords)
-        return (self.shard_key(array, coords), table) if table is not None else None
-
-    def _load_table(self, array: ArrayView, key: str, stat: Stat) -> ShardTable:
-        """The index of version `stat` of a shard, trusted only when it is complete.
-
-        While an append to the shard is under way, or was left torn by a writer
-        that died, the store's record of it (`append_in_progress`) says where the
-        shard ended before: the index there is the last complete one, and the
-        table is made from it. A tail that does not verify is a torn view of a
-        shard another writer is changing if the shard is another version by
-        now (SourceChanged: read it again); only one that stays is corrupt.
-        """
-        layout = array.layout
-        cps = layout.chunks_per_shard
-        count = math.prod(cps)
-        entries = np.empty((count, 2), dtype=np.uint64)
-        before = self.storage.append_in_progress(key, stat)
-        end = stat.size if before is None else before
-        pin = self.storage.pin(key, stat)
-        try:
-            raw = verified(
-                self.storage,
-                key,
-                stat,
-                lambda: self._fill(array, pin, 0, 0, end, np.arange(count), entries),
-            )
-        finally:
-            pin.close()
-        return ShardTable(stat, entries.reshape((*cps, 2)), end, crc32c.crc32c(raw))
-
-    def _fill(
-        self,
-        array: ArrayView,
-        pin: Pin,
-        level: int,
-        start: int,
-        length: int,
-        rows: np.ndarray,
-        out: np.ndarray,
-    ) -> bytes:
-        """Resolve the view chunks `rows` through the shard (or nested shard) at
-        [start, start+length) of `pin`'s version; returns the index read there."""
-        spec = array.layout.levels[level]
-        at = start + spec.index_offset(length)
-        if level == 0 and not spec.index_at_start and length == pin.stat.size:
-            raw = pin.read_tail(spec.index_size)
-        else:
-            raw = pin.read_prefix(at, spec.index_size)
-        index = spec.decode_index(raw, length)
-        slots = array.slots[level][rows]
-        picked = index[slots]
-        used = picked[:, 1] != EMPTY
-        picked[used, 0] += np.uint64(start)
-        if level + 1 == len(array.layout.levels):
-            out[rows] = picked
-            return raw
-        out[rows[~used]] = EMPTY
-        for slot in np.unique(slots[used]):
-            offset, nbytes = (int(v) for v in index[slot])
-            self._fill(array, pin, level + 1, start + offset, nbytes, rows[slots == slot], out)
-        return raw
-
-    def still_holds(self, array: ArrayView, table: ShardTable, pin: Pin, now: Stat) -> bool:
-        """Whether version `now` of a shard holds, unchanged, every chunk `table` (made
-        from the version `pin` serves) located; if so, `pin` serves `now` from then on.
-
-        Only an append proves it: the shard grew and its index at the end is still
-        where it was, byte for byte (an appender never changes what lies before
-        the old end, and a rewrite leaves no index there). A shard rewritten at
-        the same size, with its index at the start, or unsharded, proves nothing.
-        """
-        levels = array.layout.levels
-        if not levels or levels[0].index_at_start or now.size <= table.end:
-            return False
-        size = levels[0].index_size
-        pin.follow(now)
-        return crc32c.crc32c(pin.read_prefix(table.end - size, size)) == table.digest
-
-    def locate(self, array: ArrayView, coords: tuple[int, ...]) -> tuple[str, ShardTable, int, int]:
-        """(shard key, table, offset, nbytes) of a non-empty chunk; NotFound otherwise."""
-        layout = array.layout
-        if not layout.in_bounds(coords):
-            raise MissingChunk(array.names.encode(coords))
-        shard, local = layout.shard_of(coords)
-        table = self.table(array, shard)
-        if table is None:
-            raise MissingChunk(array.names.encode(coords))
-        offset, nbytes = table.entries[local]
-        if nbytes == EMPTY:
-            raise MissingChunk(array.names.encode(coords))
-        return self.shard_key(array, shard), table, int(offset), int(nbytes)
-
-    def _shard_dir(self, array: ArrayView, prefix: tuple[int, ...]) -> str:
-        """The source directory holding the shards of the view chunks starting with `prefix`."""
-        layout = array.layout
-        cps = layout.chunks_per_shard
-        shard_prefix = tuple(i // n for i, n in zip(prefix, cps, strict=False))
-        directory = layout.keys.dir_path(shard_prefix)
-        return join(array.data, directory) if directory else array.data
-
-    def _chunk_dir_exists(self, array: ArrayView, prefix: tuple[int, ...]) -> bool:
-        stat = self.storage.stat(self._shard_dir(array, prefix))
-        return stat is not None and stat.is_dir
-
-    @staticmethod
-    def _holds_shards(node: Node) -> bool:
-        """Whether the source directory behind chunk directory `node` holds shards (its
-        chunk files), not directories."""
-        return node.role is Role.CHUNK_DIR and len(node.coords) == node.array.layout.ndim - 1
-
-    def _key_parts(self, node: Node) -> list[str]:
-        """The components of a chunk directory's path below its array."""
-        rest = node.path[len(node.array.key) :].lstrip("/")
-        return rest.split("/") if rest else []
-
     # -- attributes and listings ----------------------------------------------
 
     def attr(self, node: Node) -> Attr:
@@ -675,8 +470,8 @@ class Namespace(SourceView):
             if stat is None or stat.is_dir != node.is_dir:
                 raise NotFound(node.path)
             mtime_ns = stat.mtime_ns
-            if self.shard_mtimes and self._holds_shards(node):
-                entries = self._list_if_dir(key)
+            if self.shard_mtimes and self.shards.holds_shards(node):
+                entries = listed(self.storage, key)
                 mtime_ns = max([mtime_ns, *(e.stat.mtime_ns for e in entries)])
             return Attr(node.is_dir, stat.size, mtime_ns)
         meta = self._fresh(node.meta)
@@ -687,7 +482,7 @@ class Namespace(SourceView):
         return self._chunk_attr(meta, node.coords)
 
     def _chunk_attr(self, array: ArrayView, coords: tuple[int, ...]) -> Attr:
-        _, table, _, nbytes = self.locate(array, coords)
+        _, table, _, nbytes = self.shards.locate(array, coords)
         return Attr(False, array.served_size(nbytes), table.stat.mtime_ns)
 
     def _backing_key(self, node: Node) -> str:
@@ -696,7 +491,7 @@ class Namespace(SourceView):
             return node.source
         if node.role is not Role.CHUNK_DIR:
             return node.path
-        return self._shard_dir(node.array, node.coords)
+        return self.shards.directory(node.array, node.coords)
 
     def _document(self, meta: NodeView, name: str) -> tuple[bytes, int]:
         """(content, mtime) of a metadata document the view writes; SourceChanged if the
@@ -799,14 +594,14 @@ class Namespace(SourceView):
         elif node.role is Role.ARRAY:
             entries, runs = self._list_array(self._fresh_array(node))
         else:
-            entries, runs = self._list_chunk_dir(self._fresh_array(node), node.coords)
+            entries, runs = self.shards.chunk_dir_entries(self._fresh_array(node), node.coords)
         entries.sort(key=lambda item: item[0])
         return Listing(entries, runs)
 
     def _source_entry(self, parent: str, name: str, stat: Stat) -> tuple[str, Node, Attr]:
         path = join(parent, name)
         node = self.dir_node(path) if stat.is_dir else Node(path, Role.FILE)
-        return name, node, self._attr_of(stat)
+        return name, node, Attr.of(stat)
 
     def _documents(self, meta: NodeView) -> list[tuple[str, Node, Attr]]:
         names = list(meta.docs)
@@ -831,7 +626,7 @@ class Namespace(SourceView):
     def _list_array(self, array: ArrayView) -> tuple[list[tuple[str, Node, Attr]], list[ChunkRun]]:
         layout, names = array.layout, array.names
         listing = self._documents(array)
-        entries = self._list_if_dir(array.data)
+        entries = listed(self.storage, array.data)
         for entry in entries if self.tree.passthrough else ():
             if (
                 entry.name == METADATA
@@ -842,110 +637,9 @@ class Namespace(SourceView):
                 continue  # replaced by the view's documents and chunks
             path = join(array.key, entry.name)
             role = Role.DIR if entry.stat.is_dir else Role.FILE
-            listing.append((entry.name, Node(path, role), self._attr_of(entry.stat)))
-        if not names.nested:
-            shards = []
-            for entry in entries:
-                shard = layout.keys.decode(entry.name, layout.ndim)
-                if shard is not None and not entry.stat.is_dir:
-                    shards.append((shard, entry.stat))
-            return listing, self._chunks_of_shards(array, array.key, shards, ())
-        top = self._shard_dir(array, ())
-        if names.name == "default":  # every chunk lies below "c"
-            stat = self.storage.stat(top)
-            if stat is not None and stat.is_dir:
-                node = Node(join(array.key, "c"), Role.CHUNK_DIR, array, ())
-                listing.append(("c", node, self._attr_of(stat)))
-            return listing, []
-        source = entries if top == array.data else self._list_if_dir(top)
-        more, runs = self._chunk_dir_entries(array, (), array.key, source)
-        return listing + more, runs
-
-    def _list_if_dir(self, key: str) -> list[Entry]:
-        try:
-            return self.storage.list(key)
-        except (NotFound, NotADirectory):
-            return []
-
-    @staticmethod
-    def _attr_of(stat: Stat) -> Attr:
-        return Attr(stat.is_dir, stat.size, stat.mtime_ns)
-
-    def _list_chunk_dir(
-        self, array: ArrayView, prefix: tuple[int, ...]
-    ) -> tuple[list[tuple[str, Node, Attr]], list[ChunkRun]]:
-        path = join(array.key, array.names.dir_path(prefix))
-        return self._chunk_dir_entries(
-            array, prefix, path, self.storage.list(self._shard_dir(array, prefix))
-        )
-
-    def _chunk_dir_entries(
-        self, array: ArrayView, prefix: tuple[int, ...], path: str, entries: list[Entry]
-    ) -> tuple[list[tuple[str, Node, Attr]], list[ChunkRun]]:
-        """The view entries of the chunk directory `path` fixing `prefix`, given the
-        entries of the source directory holding the matching shards: its
-        subdirectories, and its chunk files in runs."""
-        layout = array.layout
-        depth = len(prefix)
-        cps, grid = layout.chunks_per_shard, layout.grid
-        leaf = depth == layout.ndim - 1
-        listing: list[tuple[str, Node, Attr]] = []
-        shards = []
-        for entry in entries:
-            index = layout.keys.component(entry.name, depth)
-            if index is None or entry.stat.is_dir == leaf:
-                continue
-            shard_prefix = (*(i // n for i, n in zip(prefix, cps, strict=False)), index)
-            if leaf:
-                shards.append((shard_prefix, entry.stat))
-                continue
-            for i in range(index * cps[depth], min((index + 1) * cps[depth], grid[depth])):
-                node = Node(join(path, str(i)), Role.CHUNK_DIR, array, (*prefix, i))
-                listing.append((str(i), node, self._attr_of(entry.stat)))
-        return listing, self._chunks_of_shards(array, path, shards, prefix)
-
-    def _chunks_of_shards(
-        self,
-        array: ArrayView,
-        path: str,
-        shards: list[tuple[tuple[int, ...], Stat]],
-        prefix: tuple[int, ...],
-    ) -> list[ChunkRun]:
-        """The chunk files whose coordinates start with `prefix` in `shards` (coordinates
-        and stat as listed), listed in the view directory `path`. Kept in the listing
-        cache under the versions of the metadata and of every shard it is made from."""
-        versions = tuple((shard, stat.version) for shard, stat in shards)
-        key = (path, array.metadata.version, versions)
-        return self.listings.get(key, lambda: self._make_runs(array, path, shards, prefix))
-
-    def _make_runs(
-        self, array: ArrayView, path: str, shards: list, prefix: tuple
-    ) -> list[ChunkRun]:
-        """One run for all of `shards` (see `_chunks_of_shards`), made with a few array
-        operations."""
-        layout = array.layout
-        local = tuple(i % n for i, n in zip(prefix, layout.chunks_per_shard, strict=False))
-        found = []
-        for shard, stat in sorted(shards, key=lambda item: item[0]):
-            table = self.table(array, shard, stat)
-            if table is not None:
-                found.append((shard, table))
-        if not found:
-            return []
-        extents = np.stack([table.entries[local] for _, table in found])
-        hits = np.argwhere(extents[..., 1] != EMPTY)
-        which = hits[:, 0].astype(np.int32)
-        origins = np.array([shard for shard, _ in found], dtype=np.int64)
-        origins *= np.asarray(layout.chunks_per_shard, dtype=np.int64)
-        fixed = np.broadcast_to(np.asarray(local, dtype=np.int64), (len(hits), len(local)))
-        coords = origins[which] + np.hstack([fixed, hits[:, 1:]])
-        keep = (coords < np.asarray(layout.grid, dtype=np.int64)).all(axis=1)
-        extents = extents[tuple(hits[keep].T)].astype(np.int64)
-        if not len(extents):
-            return []
-        keys = [(self.shard_key(array, shard), table.stat) for shard, table in found]
-        sizes = array.served_sizes(extents[:, 1])
-        return [ChunkRun(array, path, keys, which[keep], coords[keep], extents, sizes)]
+            listing.append((entry.name, Node(path, role), Attr.of(entry.stat)))
+        chunks, runs = self.shards.array_entries(array, entries)
+        return listing + chunks, runs
 
     # -- data -------------------------------------------------------------------
 
@@ -964,7 +658,7 @@ class Namespace(SourceView):
         array = self._fresh(node.meta)
         assert isinstance(array, ArrayView)
         for _ in attempts():
-            key, table, offset, nbytes = self.locate(array, node.coords)
+            key, table, offset, nbytes = self.shards.locate(array, node.coords)
             try:
                 pin = self.storage.pin(key, table.stat)
             except SourceChanged:
@@ -973,8 +667,8 @@ class Namespace(SourceView):
             chunk = Chunk(
                 self.read_ahead,
                 table,
-                lambda n, a=array, s=shard: self.next_shard(a, s, n),
-                lambda pin, now, a=array, t=table: self.still_holds(a, t, pin, now),
+                lambda n, a=array, s=shard: self.shards.next_shard(a, s, n),
+                lambda pin, now, a=array, t=table: self.shards.still_holds(a, t, pin, now),
             )
             v2 = array.v2
             serve = None if v2 is None or v2.transform is Transform.RAW else v2.serve

@@ -169,6 +169,11 @@ class Attr:
     size: int
     mtime_ns: int
 
+    @classmethod
+    def of(cls, stat: Stat) -> Attr:
+        """A source object shown as it is stored."""
+        return cls(stat.is_dir, stat.size, stat.mtime_ns)
+
 
 @dataclass(frozen=True, eq=False)
 class ChunkRun:

@@ -55,7 +55,7 @@ class Classifier:
             array = parent.array
             if parent.role is Role.ARRAY and name in array.docs:
                 return Node(path, Role.METADATA, array), Kind.METADATA, None
-            node = self.ns.key_node(parent, name)
+            node = self.ns.shards.key_node(parent, name)
             # A key outside the chunk grid names no chunk: committed, it would land where
             # the view never shows it (a shard or chunk object past the grid, a slot past
             # the edge of a partial shard). Like any name that is not a key, it is scratch.

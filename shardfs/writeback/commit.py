@@ -201,7 +201,7 @@ class Committer:
         array = self.ns.array_at(ref[0])
         if array is None:
             return f"a shard of {ref[0]}"
-        return self.storage.describe(self.ns.shard_key(array, ref[1]))
+        return self.storage.describe(self.ns.shards.key(array, ref[1]))
 
     @staticmethod
     def _slot(array: ArrayView, coords: Coords) -> int:
@@ -245,7 +245,7 @@ class Committer:
     def _store(
         self, array: ArrayView, shard: tuple[int, ...], data: dict[int, Buffer | None]
     ) -> None:
-        key = self.ns.shard_key(array, shard)
+        key = self.ns.shards.key(array, shard)
         layout = array.layout
         if len(layout.levels) > 1:
             raise ReadOnly(f"{array.key}: writes to arrays with nested sharding are not supported")

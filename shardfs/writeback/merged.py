@@ -129,7 +129,7 @@ class MergedView(SourceView):
     def _dir_in(self, parent: Node, name: str) -> Node:
         """The node of a directory that exists only in the overlay."""
         if parent.role in (Role.ARRAY, Role.CHUNK_DIR):
-            node = self.ns.key_node(self.ns.refresh(parent), name)
+            node = self.ns.shards.key_node(self.ns.refresh(parent), name)
             if node is not None and node.role is Role.CHUNK_DIR:
                 return node
         return Node(join(parent.path, name), Role.DIR)

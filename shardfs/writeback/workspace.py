@@ -82,7 +82,7 @@ class Workspace(MergedView):
         super().__init__(namespace)
         self.buffer = buffer
         self.committer = Committer(namespace, self.overlay)
-        namespace.guard = self.committer.wait_idle
+        namespace.shards.guard = self.committer.wait_idle
         self.stores = Stores(namespace, shard_new)
         self._mutating = threading.Lock()
 
