@@ -291,6 +291,23 @@ def test_a_reopen_that_must_wait_takes_one_handle(source: Path) -> None:
     assert not os.listdir(ws.buffer.spool_dir) and ws.buffer.used == 0
 
 
+def test_a_reopen_after_the_last_close_finds_no_file(source: Path) -> None:
+    """A reopen through /proc/PID/fd that had to wait for a thread, while the last
+    descriptor of the unlinked file was closed: ENOENT, not a handle on a freed blob."""
+    ws = workspace(source, budget=100)
+    for flags in (os.O_RDONLY, os.O_WRONLY | os.O_TRUNC):
+        handle = ws.open(ws.resolve("a/c/0/0"), os.O_RDWR)
+        assert isinstance(handle, Handle)
+        ws.unlink(ws.resolve("a/c/0"), "0")
+        ws.write(handle, 64, bytes(100))  # spilled
+        ws.release(handle)
+        with pytest.raises(NotFound):
+            ws.reopen(handle, flags)
+        assert not os.listdir(ws.buffer.spool_dir) and ws.buffer.used == 0
+        write_file(ws, "a/c/0/0", chunk(1))  # back for the next round
+    assert ws.sync() == 0
+
+
 def test_a_mkdir_that_must_wait_makes_the_directory(
     source: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

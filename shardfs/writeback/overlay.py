@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
+from shardfs.errors import NotFound
 from shardfs.view.hierarchy import join
 from shardfs.writeback.buffer import Blob
 
@@ -162,9 +163,12 @@ class Overlay:
             return entry
 
     def hold(self, entry: Buffered) -> None:
-        """One handle more on an entry that an open handle already keeps alive, wherever
-        (or whether) it is in the overlay."""
+        """One handle more on an entry an open handle had, wherever (or whether) it is in
+        the overlay; NotFound if its last handle was closed since and it left the overlay
+        (its blob is freed)."""
         with self.lock:
+            if not entry.handles and self._entries.get(entry.path) is not entry:
+                raise NotFound(entry.path)
             entry.handles += 1
 
     def unpin(self, entry: Buffered, closing: bool = False) -> None:

@@ -271,9 +271,14 @@ class Workspace(MergedView):
     def reopen(self, handle: Handle, flags: int) -> Handle:
         """Another handle on the file of `handle`, wherever (or whether) it is in the view."""
         with self._locked():
-            if flags & os.O_TRUNC:
-                self._truncate(handle.entry, 0)  # idempotent: may raise WouldBlock
+            # NotFound if its last descriptor was closed while this waited for a thread.
             self.overlay.hold(handle.entry)
+            if flags & os.O_TRUNC:
+                try:
+                    self._truncate(handle.entry, 0)
+                except BaseException:
+                    self.overlay.unpin(handle.entry)  # WouldBlock: held again by the retry
+                    raise
             return Handle(handle.entry)
 
     def truncate_open(self, handle: Handle, size: int) -> Attr:
