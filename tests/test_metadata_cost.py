@@ -150,10 +150,10 @@ def test_what_lookups_keep_does_not_grow_with_the_attributes(source: Path) -> No
         read_chunk(ns, path)
     read_document(ns, BIG)
     read_document(ns, "small/zarr.json")
-    assert ns.nodes.used < 16 << 10  # two arrays' layouts, not 32 MiB of attributes
+    assert ns.presentation.nodes.used < 16 << 10  # two arrays' layouts, not 32 MiB of attributes
     # The rendered documents have their own budget: the small one is kept, the big not.
-    assert ns.documents.used < 16 << 10
-    assert ns.documents.used <= ns.documents.budget
+    assert ns.presentation.documents.used < 16 << 10
+    assert ns.presentation.documents.used <= ns.presentation.documents.budget
 
 
 def test_v3_documents_read_exactly(source: Path, parses: Counter[str]) -> None:

@@ -495,7 +495,7 @@ def stored_v2(
 
 def shown_unchanged(raw: bytes) -> dict | None:
     """The metadata of a new `zarr.json` if it makes an array that the v3 view shows
-    unchanged (see `Namespace._array_view`), else None."""
+    unchanged (see `Presentation._array_view`), else None."""
     try:
         meta = parse_node(raw)
         if meta["node_type"] != "array":

@@ -226,7 +226,7 @@ def _describe(workspace: Workspace, ref: ShardRef) -> str:
     """The name of a shard for a log line: its file or object, if its array's metadata
     can still be read."""
     try:
-        array = workspace.ns.array_at(ref[0])
+        array = workspace.ns.presentation.array_at(ref[0])
     except ShardfsError:
         array = None
     if array is None:

@@ -2,6 +2,8 @@
 
 from shardfs.view.base import Reader
 from shardfs.view.cache import LruCache
-from shardfs.view.namespace import Attr, Namespace, Node, Role, View
+from shardfs.view.namespace import Namespace
+from shardfs.view.nodes import Attr, Node, Role
+from shardfs.view.presentation import View
 
 __all__ = ["Attr", "LruCache", "Namespace", "Node", "Reader", "Role", "View"]

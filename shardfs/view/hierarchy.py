@@ -77,15 +77,18 @@ class Hierarchy(ABC):
         """How chunk objects (shards) are named in `data_dir`, given the metadata's encoding."""
         return keys
 
+    def _stored(self, key: str) -> NodeDoc | None:
+        """The document stored at `key`, if that is a file."""
+        stat = self.storage.stat(key)
+        return NodeDoc(key, stat) if stat is not None and not stat.is_dir else None
+
 
 class ZarrV3(Hierarchy):
     passthrough = True
     translates = False
 
     def find(self, path: str) -> NodeDoc | None:
-        key = join(path, METADATA)
-        stat = self.storage.stat(key)
-        return NodeDoc(key, stat) if stat is not None and not stat.is_dir else None
+        return self._stored(join(path, METADATA))
 
     def parse(self, raw: bytes | None) -> dict[str, Any]:
         assert raw is not None
@@ -106,9 +109,9 @@ class DraftV3(Hierarchy):
 
     def find(self, path: str) -> NodeDoc | None:
         for key in zarr_draft.metadata_keys(path):
-            stat = self.storage.stat(key)
-            if stat is not None and not stat.is_dir:
-                return NodeDoc(key, stat)
+            doc = self._stored(key)
+            if doc is not None:
+                return doc
         stat = self.storage.stat(join("meta/root", path) if path else "meta/root")
         if stat is not None and stat.is_dir:
             return NodeDoc(None, stat)  # an implicit group

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from shardfs.view.namespace import Attr, Namespace, Node
-    from shardfs.view.nodes import Listing
+    from shardfs.view.namespace import Namespace
+    from shardfs.view.nodes import Attr, Listing, Node
 
 
 class OpenFile(Protocol):

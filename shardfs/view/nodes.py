@@ -47,7 +47,7 @@ class ArrayView:
     It is what every lookup of a chunk needs, and no more: its size does not
     grow with the array's attributes. `layout.view_metadata` is the view's
     `zarr.json` with empty attributes; the documents themselves are rendered from the stored document `source`
-    (version `metadata`) when they are needed (see `Namespace._rendered`).
+    (version `metadata`) when they are needed (see `Presentation._rendered`).
     """
 
     key: str

@@ -16,7 +16,8 @@ from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA, Transform
 from shardfs.formats.zarr_v3 import parse_node
 from shardfs.view.hierarchy import METADATA, NodeDoc, join
-from shardfs.view.namespace import ArrayView, Namespace, Node, Role, View
+from shardfs.view.namespace import ArrayView, Namespace, Node, Role
+from shardfs.view.presentation import View
 from shardfs.writeback.overlay import Kind, ShardRef
 
 log = logging.getLogger("shardfs")
@@ -36,7 +37,7 @@ class Classifier:
     def current(self, node: Node) -> Node:
         """A directory node as it is now: writes turn directories into groups and arrays."""
         if node.role in (Role.DIR, Role.GROUP, Role.ARRAY):
-            return self.ns.dir_node(node.path)
+            return self.ns.presentation.dir_node(node.path)
         return node
 
     def classify(
@@ -116,7 +117,7 @@ class Classifier:
         if cached is not False:
             return cached  # type: ignore[return-value]
         result: tuple[ChunkKeyEncoding, int] | str | None = None
-        if self.ns.dir_node(directory).role is Role.DIR:
+        if self.ns.presentation.dir_node(directory).role is Role.DIR:
             try:
                 meta = parse_node(self.ns.tree.read(doc) or b"")
                 if meta["node_type"] == "array":

@@ -121,7 +121,7 @@ class Committer:
                 }
             if not changes:
                 return []
-            array = self.ns.array_at(ref[0])
+            array = self.ns.presentation.array_at(ref[0])
             if array is None:
                 raise InvalidWrite(
                     f"{ref[0]} is no longer an array; its buffered chunks cannot be stored"
@@ -198,7 +198,7 @@ class Committer:
         return delay
 
     def _describe(self, ref: ShardRef) -> str:
-        array = self.ns.array_at(ref[0])
+        array = self.ns.presentation.array_at(ref[0])
         if array is None:
             return f"a shard of {ref[0]}"
         return self.storage.describe(self.ns.shards.key(array, ref[1]))

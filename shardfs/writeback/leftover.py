@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from shardfs.errors import ShardfsError, StorageError
 from shardfs.formats.shard_write import Buffer
 from shardfs.view.hierarchy import join
-from shardfs.view.namespace import View
+from shardfs.view.presentation import View
 from shardfs.writeback.overlay import Buffered, Kind, ShardRef, Whiteout
 from shardfs.writeback.workspace import Workspace
 
@@ -308,7 +308,7 @@ def _stored_chunks(workspace: Workspace, ref: ShardRef) -> Iterator[Chunk]:
     array = None
     if workspace.ns.view is View.V2:
         try:
-            array = workspace.ns.array_at(ref[0])
+            array = workspace.ns.presentation.array_at(ref[0])
         except ShardfsError as e:
             log.error("the metadata of %s cannot be read: %s", ref[0] or "/", e)
     for coords, entry in sorted(workspace.overlay.changes(ref).items()):
@@ -331,7 +331,7 @@ def _stored_chunks(workspace: Workspace, ref: ShardRef) -> Iterator[Chunk]:
 def _put_back(workspace: Workspace, key: str, chunks: list[Chunk]) -> dict[Coords, ShardRef] | None:
     """Kept chunks of array `key` as pending entries of the overlay; the shard of each
     chunk put back, or None if `key` is not an array of the view any more."""
-    array = workspace.ns.array_at(key)
+    array = workspace.ns.presentation.array_at(key)
     if array is None:
         return None
     layout, refs = array.layout, {}

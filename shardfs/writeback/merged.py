@@ -42,7 +42,7 @@ class MergedView(SourceView):
         return self.ns
 
     def lookup(self, parent: Node, name: str) -> Node:
-        with self.ns.snapshot():
+        with self.ns.presentation.snapshot():
             return self._lookup(parent, name)
 
     def _lookup(self, parent: Node, name: str) -> Node:
@@ -63,8 +63,8 @@ class MergedView(SourceView):
     def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
         """`lookup` and `attr` in one step; in one step of the namespace for a file only
         the source holds (see `Namespace.entry`). Either sees one version of each
-        metadata document on its way (see `Namespace.snapshot`)."""
-        with self.ns.snapshot():
+        metadata document on its way (see `Presentation.snapshot`)."""
+        with self.ns.presentation.snapshot():
             current = self.classifier.current(parent)
             path = join(current.path, name)
             if self.overlay.entry(path) is None:

@@ -17,7 +17,8 @@ from shardfs.formats.zarr_v2 import ZARRAY
 from shardfs.formats.zarr_v3 import render
 from shardfs.storage.base import ABSENT
 from shardfs.view.hierarchy import METADATA, join
-from shardfs.view.namespace import Namespace, View
+from shardfs.view.namespace import Namespace
+from shardfs.view.presentation import View
 from shardfs.writeback.overlay import Buffered
 
 
@@ -31,7 +32,7 @@ class Stores:
         """Translate the metadata document written at `path` back and store it."""
         directory, _, name = path.rpartition("/")
         source, version = self._read_metadata(directory)
-        array = self.ns.array_at(directory) if source is not None else None
+        array = self.ns.presentation.array_at(directory) if source is not None else None
         if self.ns.view is View.V3:
             view = None
             if array is not None and array.layout.levels:  # sharded: the view shows it unsharded

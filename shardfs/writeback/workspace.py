@@ -412,6 +412,6 @@ class Workspace(MergedView):
         renamed over while open: it will not be stored)."""
         if entry.shard is None or self.overlay.entry(entry.path) is not entry:
             return
-        array = self.ns.array_at(entry.shard[0])
+        array = self.ns.presentation.array_at(entry.shard[0])
         if array is not None:
             check_chunk(array, entry.path, entry.blob.size)
