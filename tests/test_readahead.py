@@ -14,7 +14,7 @@ from shardfs.formats.shard_index import EMPTY
 from shardfs.storage import LocalStorage, Stat
 from shardfs.storage.base import Pin
 from shardfs.storage.blocking import WouldBlock, nonblocking
-from shardfs.view.readahead import HasExtents, ReadAhead
+from shardfs.view.readahead import WALKED, HasExtents, ReadAhead
 
 KIB = 1 << 10
 
@@ -191,3 +191,24 @@ def test_a_read_of_a_chunk_fetched_ahead_shows_a_walker(tmp_path: Path) -> None:
     while "s1" not in storage.keys:
         assert time.monotonic() < deadline, storage.keys
         time.sleep(0.01)
+
+
+def test_settle_waits_for_the_prefetches_in_flight(tmp_path: Path) -> None:
+    """At the end of a mount the daemon waits (a while) for prefetches under way, so that
+    what they fetch reaches the disk cache instead of being cut off at exit."""
+    ahead = ReadAhead(CountingStorage(tmp_path), 64 << 20)
+    landed: list[int] = []
+
+    def slow_next_shard(n: int) -> None:
+        time.sleep(0.4)
+        landed.append(n)
+
+    walk = ("s", "v1", None)
+    ahead._seen[walk] = WALKED  # a reader walks it, so its next shards are fetched
+    ahead._ask_next(walk, slow_next_shard)  # type: ignore[arg-type]
+    started = time.monotonic()
+    ahead.settle(0.05)
+    assert time.monotonic() - started < 0.3 and not landed, "no longer than asked"
+    ahead.settle(5.0)
+    assert sorted(landed) == [1, 2], "both prefetches ahead landed before settle returned"
+    ahead.settle(5.0)  # nothing in flight: at once

@@ -57,6 +57,10 @@ async def _log_stats(operations: Operations, interval: float) -> None:
         log.info("stats: %s", control.summary(stats))
 
 
+#: Seconds the daemon waits at the end for prefetches in flight (see `SourceView.settle`).
+SETTLE = 5.0
+
+
 def serve(
     view: Namespace | Workspace | PrecomputedNamespace,
     mountpoint: str,
@@ -138,6 +142,7 @@ def serve(
             # signal (or a crash of the loop) we must unmount ourselves.
             pyfuse3.close(unmount=signalled or mount_type(mountpoint) is not None)
             log.info("unmounted %s", mountpoint)
+            view.settle(SETTLE)
             if isinstance(view, Workspace):
                 notify("STATUS=committing what is still buffered")
                 try:

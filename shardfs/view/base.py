@@ -11,6 +11,7 @@ becomes stored bytes, so that is all each of them says.
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,6 +130,15 @@ class SourceView(ABC):
         source = self.storage.stats()
         caches = {name: cache.snapshot() for name, cache in self.caches().items()}
         return {"source": source, "caches": {**caches, **source.pop("caches", {})}}
+
+    def settle(self, timeout: float) -> None:
+        """At the end of a mount: wait up to `timeout` seconds for what the caches fetch in
+        the background (read-ahead's prefetches), so that it lands, in a disk cache for
+        the next mount, instead of being cut off as the daemon exits."""
+        deadline = time.monotonic() + timeout
+        for cache in self.caches().values():
+            if isinstance(cache, ReadAhead):
+                cache.settle(max(0.0, deadline - time.monotonic()))
 
     def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
         """`lookup` and `attr` in one step, as a FUSE lookup wants them."""

@@ -14,10 +14,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from shardfs.errors import InvalidMetadata, NotADirectory, NotFound
+from shardfs.errors import InvalidMetadata, NotADirectory, NotFound, SourceChanged, StorageError
 from shardfs.formats import zarr_draft
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v3 import parse_node
+from shardfs.retry import attempts
 from shardfs.storage.base import Stat, Storage
 
 METADATA = "zarr.json"
@@ -154,11 +155,19 @@ class DraftV3(Hierarchy):
 
 
 def open_hierarchy(storage: Storage) -> Hierarchy:
-    """The layout of the source, from its root `zarr.json`; InvalidMetadata if it has none."""
-    stat = storage.stat(METADATA)
-    if stat is None or stat.is_dir:
-        raise InvalidMetadata("no zarr.json at the root")
-    raw = storage.read(METADATA, 0, stat.size)
+    """The layout of the source, from its root `zarr.json`; InvalidMetadata if it has none.
+    (Read by its version, as every read of a document is: a disk cache then keeps it.)"""
+    for _ in attempts():
+        stat = storage.stat(METADATA)
+        if stat is None or stat.is_dir:
+            raise InvalidMetadata("no zarr.json at the root")
+        try:
+            raw = storage.read(METADATA, 0, stat.size, stat.version)
+            break
+        except SourceChanged:
+            continue  # replaced between the stat and the read: read the new one
+    else:
+        raise StorageError(f"{storage.describe(METADATA)} keeps changing")
     if zarr_draft.is_draft_entry_point(raw):
         return DraftV3(storage)
     parse_node(raw)

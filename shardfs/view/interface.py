@@ -79,6 +79,10 @@ class ViewInterface(Protocol):
         """Figures for `shardfs stats`: what the source was asked and each cache's."""
         ...
 
+    def settle(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for background fetches in flight (the mount ends)."""
+        ...
+
 
 class Writes(Protocol):
     """The write side of a read-write view. Every call does its I/O before it changes any

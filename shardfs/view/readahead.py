@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -227,6 +228,19 @@ class ReadAhead:
                     name="shardfs-prefetch",
                     daemon=True,
                 ).start()
+
+    def settle(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the prefetches in flight: at the end of a mount,
+        so that what they bring lands (a disk cache keeps it for the next mount) instead
+        of being cut off as the daemon exits. No new ones start meanwhile."""
+        deadline = time.monotonic() + timeout
+        taken = 0
+        while taken < PREFETCHES and self._prefetching.acquire(
+            timeout=max(0.0, deadline - time.monotonic())
+        ):
+            taken += 1
+        for _ in range(taken):
+            self._prefetching.release()
 
     def _plan(self, key: str, table: ExtentSource, offset: int, nbytes: int) -> list[ChunkKey]:
         """The chunks to fetch with the one at `offset` (first in the list): its neighbours
