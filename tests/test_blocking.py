@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from shardfs.cache import LruCache
 from shardfs.storage import LocalStorage, local
 from shardfs.storage.blocking import WouldBlock, may_block, nonblocking
-from shardfs.view.cache import LruCache
 
 
 def test_mode_is_per_thread_and_nests() -> None:

@@ -44,7 +44,6 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -55,6 +54,7 @@ import botocore.exceptions
 from botocore import UNSIGNED
 from botocore.config import Config
 
+from shardfs.cache import LruCache
 from shardfs.errors import (
     CorruptData,
     NotADirectory,
@@ -141,55 +141,30 @@ class _Listing:
 
 
 class _MetadataCache:
-    """Listings by directory key and stats by object key, each valid until it expires.
-
-    One budget (estimated bytes) over both; least recently used go first.
-    """
+    """Listings by directory key and stats by object key, each valid for `ttl` seconds, in
+    one least-recently-used cache with one budget (estimated bytes) over both."""
 
     def __init__(self, budget: int, ttl: float) -> None:
-        self.budget = budget
         self.ttl = ttl
-        self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, str], tuple[float, Any, int]] = OrderedDict()
-        self._used = 0
-        self.hits = self.misses = 0
+        self._items: LruCache[tuple[float, Any, int]] = LruCache(budget, lambda item: item[2])
 
     def get(self, kind: str, key: str) -> Any:
-        with self._lock:
-            item = self._items.get((kind, key))
-            if item is not None and item[0] < time.monotonic():
-                self._drop((kind, key))
-                item = None
-            if item is None:
-                self.misses += 1
-                return None
-            self.hits += 1
-            self._items.move_to_end((kind, key))
-            return item[1]
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            used = self._used
-            return {"hits": self.hits, "misses": self.misses, "used": used, "budget": self.budget}
+        item = self._items.peek((kind, key))
+        if item is None:
+            return None
+        if item[0] < time.monotonic():
+            self._items.discard((kind, key))
+            return None
+        return item[1]
 
     def put(self, kind: str, key: str, value: Any, cost: int) -> None:
-        if cost > self.budget:
-            return
-        with self._lock:
-            self._drop((kind, key))
-            self._items[(kind, key)] = (time.monotonic() + self.ttl, value, cost)
-            self._used += cost
-            while self._used > self.budget:
-                self._drop(next(iter(self._items)))
+        self._items.put((kind, key), (time.monotonic() + self.ttl, value, cost))
 
     def drop(self, kind: str, key: str) -> None:
-        with self._lock:
-            self._drop((kind, key))
+        self._items.discard((kind, key))
 
-    def _drop(self, item_key: tuple[str, str]) -> None:
-        item = self._items.pop(item_key, None)
-        if item is not None:
-            self._used -= item[2]
+    def snapshot(self) -> dict[str, int]:
+        return self._items.snapshot()
 
 
 def _parent(key: str) -> tuple[str, str]:

@@ -1,9 +1,8 @@
 """The unsharded view: virtual namespace, resolution and caches (no FUSE here)."""
 
 from shardfs.view.base import Reader
-from shardfs.view.cache import LruCache
 from shardfs.view.namespace import Namespace
 from shardfs.view.nodes import Attr, Node, Role
 from shardfs.view.presentation import View
 
-__all__ = ["Attr", "LruCache", "Namespace", "Node", "Reader", "Role", "View"]
+__all__ = ["Attr", "Namespace", "Node", "Reader", "Role", "View"]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from shardfs.cache import LruCache
 from shardfs.errors import (
     CorruptData,
     NotADirectory,
@@ -27,7 +28,6 @@ from shardfs.errors import (
 )
 from shardfs.retry import attempts
 from shardfs.storage.base import Pin, Stat, Storage
-from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import join
 from shardfs.view.nodes import Attr, Node
 from shardfs.view.readahead import ExtentSource, NextShard, ReadAhead

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 
+from shardfs.cache import LruCache
 from shardfs.errors import (
     IsADirectory,
     NotADirectory,
@@ -38,7 +39,6 @@ from shardfs.formats.zarr_v2 import (
 from shardfs.retry import attempts
 from shardfs.storage.base import Storage
 from shardfs.view.base import Chunk, Reader, SourceView, entry_path
-from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import Hierarchy, ZarrV3
 from shardfs.view.nodes import (
     ArrayView,

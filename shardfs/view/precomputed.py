@@ -30,6 +30,7 @@ from functools import cached_property
 
 import numpy as np
 
+from shardfs.cache import LruCache
 from shardfs.errors import (
     CorruptData,
     InvalidMetadata,
@@ -60,7 +61,6 @@ from shardfs.view.base import (
     logged_corruption,
     verified,
 )
-from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import join
 from shardfs.view.nodes import Attr, Listing, Node, Role
 from shardfs.view.readahead import Extents, NextShard, ReadAhead

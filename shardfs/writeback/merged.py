@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
+from shardfs.cache import LruCache
 from shardfs.errors import NotFound
 from shardfs.view.base import SourceView
-from shardfs.view.cache import LruCache
 from shardfs.view.hierarchy import join
 from shardfs.view.namespace import Attr, Namespace, Node, Role
 from shardfs.view.nodes import Listing
