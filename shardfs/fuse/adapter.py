@@ -47,10 +47,9 @@ from shardfs.errors import (
 )
 from shardfs.fuse.inodes import InodeTable
 from shardfs.storage.blocking import WouldBlock, nonblocking
-from shardfs.view import Attr, Node, Reader
-from shardfs.view.interface import ViewInterface, Writes
+from shardfs.view import Attr, Node
+from shardfs.view.interface import Opened, OpenFile, ViewInterface, Writes
 from shardfs.view.nodes import ChunkRun, Listing
-from shardfs.writeback import Handle
 
 log = logging.getLogger("shardfs")
 
@@ -258,7 +257,7 @@ class Operations(pyfuse3.Operations):
         self.config = config
         self.inodes = InodeTable(view.root(), config.inodes)
         self._limiter = trio.CapacityLimiter(config.workers)
-        self._handles: dict[int, Reader | Handle] = {}
+        self._handles: dict[int, OpenFile] = {}
         #: the inode of each open file, and the open files of each inode: a file that was
         #: unlinked or renamed over is known by these alone (see `InodeTable.removed`)
         self._inode_of: dict[int, int] = {}
@@ -266,7 +265,7 @@ class Operations(pyfuse3.Operations):
         self._listings: dict[int, Listing] = {}
         self._windows: dict[int, _Window] = {}
         # kernel-served mounts: by inode, since the kernel sends no file handles
-        self._readers: _ByInode[Reader] = _ByInode(INODE_READERS, lambda _, r: r.close())
+        self._readers: _ByInode[Opened] = _ByInode(INODE_READERS, lambda _, r: r.close())
         # a listing's window of prepared rows goes with it
         self._dir_listings: _ByInode[Listing] = _ByInode(
             INODE_LISTINGS, lambda inode, _: self._windows.pop(inode, None)
@@ -383,12 +382,12 @@ class Operations(pyfuse3.Operations):
             return self._entry(inode, self._open_file_of(inode).attr(), removed=True)
         return self._entry(inode, await self._run(self.view.attr, self._node(inode)))
 
-    def _open_file_of(self, inode: int) -> Reader | Handle:
+    def _open_file_of(self, inode: int) -> OpenFile:
         """An open file of `inode`, a writable one if there is; ENOENT if none is open."""
         files = [self._handles[fh] for fh in self._files_of.get(inode, ())]
         if not files:
             raise NotFound(f"inode {inode}: removed, and not open")
-        return next((f for f in files if isinstance(f, Handle)), files[0])
+        return next((f for f in files if f.buffered), files[0])
 
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, count in inode_list:
@@ -492,7 +491,7 @@ class Operations(pyfuse3.Operations):
 
     # -- data ---------------------------------------------------------------------
 
-    def _open_file(self, inode: int, handle: Reader | Handle) -> pyfuse3.FileInfo:
+    def _open_file(self, inode: int, handle: OpenFile) -> pyfuse3.FileInfo:
         fh = next(self._next_fh)
         self._handles[fh] = handle
         self._inode_of[fh] = inode
@@ -510,7 +509,7 @@ class Operations(pyfuse3.Operations):
         if self.inodes.removed(inode):
             # Opened again through /proc/PID/fd: the same file, not the one at its old path.
             handle = self._open_file_of(inode)
-            if isinstance(handle, Handle):
+            if handle.buffered:
                 handle = await self._run(self._writable().reopen, handle, flags)
             elif flags & _WRITE_FLAGS:
                 raise NotFound(f"inode {inode}: removed; its open files are readers")
@@ -554,7 +553,7 @@ class Operations(pyfuse3.Operations):
     @_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self._handles[fh]
-        if not isinstance(handle, Handle):
+        if not handle.buffered:
             raise BadHandle("a write to a file opened for reading")
         return await self._run(self._writable().write, handle, off, buf)
 
@@ -565,7 +564,7 @@ class Operations(pyfuse3.Operations):
             # which saves a round trip on every close of a read-only mount.
             raise Unimplemented("flush: nothing is stored on close")
         handle = self._handles[fh]
-        if isinstance(handle, Handle):
+        if handle.buffered:
             # Metadata documents and files of arrays shown unchanged are stored on close
             # (I/O, under the workspace lock).
             if handle.stores_on_close:
@@ -576,7 +575,7 @@ class Operations(pyfuse3.Operations):
     @_errors
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._handles[fh]
-        if isinstance(handle, Handle):
+        if handle.buffered:
             await self._thread(self._writable().fsync, handle)
 
     @_errors
@@ -591,10 +590,12 @@ class Operations(pyfuse3.Operations):
         files.discard(fh)
         if not files:
             self._files_of.pop(inode, None)
-        if isinstance(handle, Handle):
+        if handle is None:
+            return
+        if handle.buffered:
             if self.writes is not None:
                 self.writes.release(handle)
-        elif handle is not None and not any(self._handles[f] is handle for f in files):
+        elif not any(self._handles[f] is handle for f in files):
             handle.close()  # its last descriptor (one reader may serve several, see `open`)
 
     # -- changes --------------------------------------------------------------------
@@ -676,7 +677,7 @@ class Operations(pyfuse3.Operations):
         if handle is None and removed:
             handle = self._open_file_of(inode)
         if fields.update_size:
-            if isinstance(handle, Handle):
+            if handle is not None and handle.buffered:
                 result = await self._run(writes.truncate_open, handle, attr.st_size)
             elif removed:  # open for reading only: not ours to cut
                 raise NotFound(f"inode {inode}: removed, and open for reading only")

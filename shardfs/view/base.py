@@ -183,6 +183,9 @@ class Reader:
     the next read. `close` lets the pinned version go.
     """
 
+    #: Not a file of the write side (see `OpenFile.buffered`).
+    buffered = False
+
     def __init__(
         self,
         storage: Storage,

@@ -21,6 +21,10 @@ class OpenFile(Protocol):
     """An open file of the view: a reader of a version of the source, or a buffered file
     being written."""
 
+    #: Whether it is a file of the write side, whose bytes are in the write buffer: what
+    #: the `Writes` calls that take a handle take.
+    buffered: bool
+
     def read(self, offset: int, size: int) -> bytes: ...
 
     def attr(self) -> Attr:

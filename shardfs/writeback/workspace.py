@@ -60,6 +60,9 @@ log = logging.getLogger("shardfs")
 class Handle:
     """An open buffered file. It follows its entry through renames and unlinks."""
 
+    #: A file of the write side (see `OpenFile.buffered`).
+    buffered = True
+
     def __init__(self, entry: Buffered) -> None:
         self.entry = entry
 
