@@ -106,7 +106,8 @@ class DiskCache:
         if length <= 0:
             return b""
         first, last = offset // self.block, (offset + length - 1) // self.block
-        blocks: dict[int, bytes] = {}
+        # Views, not copies: the one copy made is of the bytes asked for, at the end.
+        blocks: dict[int, memoryview] = {}
         size: int | None = None
         for index in range(first, last + 1):
             found = self._get(name, version, index)
@@ -115,8 +116,9 @@ class DiskCache:
         missing = [i for i in range(first, last + 1) if i not in blocks]
         for start, stop in _runs(missing):
             data, size = fetch(start * self.block, (stop - start) * self.block)
+            fetched = memoryview(data)
             for index in range(start, stop):
-                piece = data[(index - start) * self.block : (index - start + 1) * self.block]
+                piece = fetched[(index - start) * self.block : (index - start + 1) * self.block]
                 if not piece:
                     break
                 blocks[index] = piece
@@ -124,14 +126,17 @@ class DiskCache:
         end = offset + length
         if size is None or end > size:
             raise CorruptData(f"wanted {length} bytes at {offset}, the object has {size} bytes")
-        whole = b"".join(blocks[i] for i in range(first, last + 1))
-        skip = offset - first * self.block
-        return whole[skip : skip + length]
+        pieces = []
+        for index in range(first, last + 1):
+            low = max(offset, index * self.block) - index * self.block
+            high = min(end, (index + 1) * self.block) - index * self.block
+            pieces.append(blocks[index][low:high])
+        return b"".join(pieces)
 
     def _key(self, name: str, version: str, index: int) -> str:
         return f"{name}\0{version}\0{index}"
 
-    def _get(self, name: str, version: str, index: int) -> tuple[bytes, int] | None:
+    def _get(self, name: str, version: str, index: int) -> tuple[memoryview, int] | None:
         key = self._key(name, version, index)
         try:
             value = self._cache.get(key)
@@ -143,7 +148,7 @@ class DiskCache:
             return None
         if isinstance(value, bytes) and len(value) >= _HEADER.size:
             digest, size = _HEADER.unpack_from(value)
-            data = value[_HEADER.size :]
+            data = memoryview(value)[_HEADER.size :]
             expected = min(self.block, size - index * self.block)
             if len(data) == expected and crc32c.crc32c(data) == digest:
                 self._count("hits", bytes_read=len(data))
@@ -159,7 +164,7 @@ class DiskCache:
             self._failed(f"dropping a block in {self.directory}", e)
         return None
 
-    def _put(self, name: str, version: str, index: int, data: bytes, size: int) -> None:
+    def _put(self, name: str, version: str, index: int, data: memoryview, size: int) -> None:
         if time.monotonic() < self._paused_until:
             return
         value = _HEADER.pack(crc32c.crc32c(data), size) + data
