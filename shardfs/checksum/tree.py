@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _quote
+from operator import itemgetter
 
 #: The checksum of a tree without files.
 EMPTY_CHECKSUM = "481a2f77ab786a0f45aafd5db0971caa-0--0"
@@ -114,9 +115,9 @@ def _sorted(path: str, items: list[Item]) -> list[Item]:
     """`items` sorted by name, in place; a name twice means the walk came back to `path`
     after leaving it, which would have given it two digests."""
     items.sort()
-    for (name, _, _), (other, _, _) in itertools.pairwise(items):
-        if name == other:
-            raise ValueError(f"{'/'.join(filter(None, (path, name)))} added twice")
+    if len(dict.fromkeys(map(itemgetter(0), items))) != len(items):
+        name = next(a[0] for a, b in itertools.pairwise(items) if a[0] == b[0])
+        raise ValueError(f"{'/'.join(filter(None, (path, name)))} added twice")
     return items
 
 

@@ -187,59 +187,41 @@ def _hash_chunks(
     order = np.lexsort((extents[:, 0], shard_of))
     shards = list(ids)
     digests = [""] * len(order)
-    sizes = [0] * len(order)
-    rows_by_read = itertools.groupby(
-        zip(
-            shard_of[order].tolist(),
-            extents[order, 0].tolist(),
-            extents[order, 1].tolist(),
-            order.tolist(),
-            strict=True,
-        ),
-        key=_Reads(gap, piece),
-    )
-    for _, group in rows_by_read:
-        read = list(group)
-        shard = read[0][0]
+    sizes = extents[:, 1].tolist()  # as stored; `serve` may change some
+    shard_l = shard_of[order].tolist()
+    offset_l = extents[order, 0].tolist()
+    nbytes_l = extents[order, 1].tolist()
+    slot_l = order.tolist()
+    first, count = 0, len(slot_l)
+    while first < count:  # one read: rows [first, last)
+        shard, start = shard_l[first], offset_l[first]
+        end = start + nbytes_l[first]
+        last = first + 1
+        while last < count and shard_l[last] == shard:
+            stop = offset_l[last] + nbytes_l[last]
+            if offset_l[last] - end > gap or max(end, stop) - start > piece:
+                break
+            end = max(end, stop)
+            last += 1
         key, version = shards[shard]
         serve = serves[shard]
-        start = read[0][1]
-        end = max(offset + nbytes for _, offset, nbytes, _ in read)
         if end - start > piece and serve is None:  # one chunk bigger than a piece: streamed
-            ((_, offset, nbytes, slot),) = read
-            digests[slot] = md5_range(ns.storage, key, offset, nbytes, version, piece)
-            sizes[slot] = nbytes
+            digests[slot_l[first]] = md5_range(ns.storage, key, start, end - start, version, piece)
+            first = last
             continue
         data = memoryview(ns.storage.read(key, start, end - start, version))
-        for _, offset, nbytes, slot in read:
-            stored = data[offset - start : offset - start + nbytes]
-            served = stored if serve is None else _serve(ns, key, serve, stored, chunks, slot)
-            digests[slot] = hashlib.md5(served).hexdigest()
-            sizes[slot] = len(served)
+        for row in range(first, last):
+            at = offset_l[row] - start
+            stored = data[at : at + nbytes_l[row]]
+            slot = slot_l[row]
+            if serve is None:
+                digests[slot] = hashlib.md5(stored).hexdigest()
+            else:
+                served = _serve(ns, key, serve, stored, chunks, slot)
+                digests[slot] = hashlib.md5(served).hexdigest()
+                sizes[slot] = len(served)
+        first = last
     return digests, sizes
-
-
-class _Reads:
-    """A `groupby` key that numbers the reads rows sorted by (shard, offset) fall into:
-    a new read starts at another shard, after a gap over `gap` bytes, or where the read
-    would grow over `piece` bytes."""
-
-    def __init__(self, gap: int, piece: int) -> None:
-        self.gap, self.piece = gap, piece
-        self.read = -1
-        self.shard = self.start = self.end = -1
-
-    def __call__(self, row: tuple[int, int, int, int]) -> int:
-        shard, offset, nbytes, _ = row
-        if (
-            shard != self.shard
-            or offset - self.end > self.gap
-            or max(self.end, offset + nbytes) - self.start > self.piece
-        ):
-            self.read += 1
-            self.shard, self.start, self.end = shard, offset, offset
-        self.end = max(self.end, offset + nbytes)
-        return self.read
 
 
 def _serve(
