@@ -300,6 +300,10 @@ class S3Proxy:
         self.errors: list[BaseException] = []  # unexpected failures inside the proxy
         self.accepted = 0  # client connections accepted, to check keep-alive
         self._lock = threading.Lock()
+        #: Requests received and not yet logged (a response reaches the client before
+        #: its handler logs it): `log` waits for them.
+        self._in_flight = 0
+        self._settled = threading.Condition(self._lock)
         self._key_locks: dict[tuple[str, str], threading.Lock] = {}
         self._initiated: dict[bytes, bytes] = {}  # upload id: when first seen
         self._rules: list[Rule] = []
@@ -366,9 +370,11 @@ class S3Proxy:
             self._counts.clear()
             self._log.clear()
 
-    def log(self) -> list[tuple[str, str, str | None, int]]:
-        """(method, key, Range header, status sent) per finished request, in finishing order."""
-        with self._lock:
+    def log(self, timeout: float = 10.0) -> list[tuple[str, str, str | None, int]]:
+        """(method, key, Range header, status sent) per finished request, in finishing order;
+        once the requests in flight are logged (waiting up to `timeout` seconds for them)."""
+        with self._settled:
+            self._settled.wait_for(lambda: not self._in_flight, timeout)
             return list(self._log)
 
     # Used by the handler
@@ -391,6 +397,7 @@ class S3Proxy:
         """Count a request and take the rule it uses up, if any."""
         with self._lock:
             self._counts[request.kind] += 1
+            self._in_flight += 1
             for rule in self._rules:
                 if rule.matches(request):
                     rule.hits += 1
@@ -402,6 +409,8 @@ class S3Proxy:
     def _finish(self, request: RequestInfo, status: int) -> None:
         with self._lock:
             self._log.append((request.method, request.key, request.range, status))
+            self._in_flight -= 1
+            self._settled.notify_all()
 
     def _fix_initiated(self, body: bytes) -> bytes:
         """Note when each upload id in an answer was first seen; list uploads with that time."""
