@@ -127,8 +127,8 @@ def _walk(namespace: Namespace) -> Iterator[_File | _Chunks]:
 
 
 def _walk_order(node: Node) -> tuple[Any, ...]:
-    """Chunk directories in grid order: chunks are stored in it, so the walk reads each
-    shard front to back (and needs few of their indexes at a time)."""
+    """Chunk directories in grid order, the order writers store chunks in a shard in: the
+    walk then reads each shard front to back, and needs few shard indexes at a time."""
     return (0, node.coords) if node.role is Role.CHUNK_DIR else (1, node.path)
 
 
