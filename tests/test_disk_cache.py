@@ -22,6 +22,7 @@ import zarr
 
 from shardfs.errors import CorruptData, UsageError
 from shardfs.options import parse_options
+from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.storage.disk_cache import DiskCache
 from shardfs.storage.s3 import S3Config, S3Storage
 from tests.conftest import Mounted
@@ -77,7 +78,7 @@ def test_another_version_is_never_served_old_blocks(tmp_path: Path) -> None:
     assert cache.read("other", '"etag-1"', 0, 10, new.fetch) == new.data[:10]
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "remove"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "extend", "remove"])
 def test_a_damaged_block_is_dropped_and_fetched_again(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -93,6 +94,8 @@ def test_a_damaged_block_is_dropped_and_fetched_again(
         raw = bytearray(victim.read_bytes())
         raw[-1] ^= 0xFF
         victim.write_bytes(bytes(raw))
+    elif damage == "extend":  # a file reused or written twice: right bytes, then more
+        victim.write_bytes(victim.read_bytes() + b"\0")
     else:
         victim.unlink()
     source.fetches.clear()
@@ -105,6 +108,25 @@ def test_a_damaged_block_is_dropped_and_fetched_again(
     source.fetches.clear()
     assert cache.read("obj", "v", 0, len(data), source.fetch) == data
     assert source.fetches == [], "the block fetched again was kept"
+
+
+def test_held_spans_are_whole_blocks_all_held(tmp_path: Path) -> None:
+    """`held_span` tells a reader which blocks it can read without a request, and counts
+    nothing: it is a question, not a read."""
+    data = content(4 * BLOCK + 10, 4)
+    cache = DiskCache(str(tmp_path), 1 << 30, BLOCK)
+    assert cache.held_span("obj", "v", 0, 10) is None
+    source = Source(data)
+    cache.read("obj", "v", BLOCK + 5, 10, source.fetch)  # block 1
+    cache.read("obj", "v", 3 * BLOCK, BLOCK + 10, source.fetch)  # blocks 3 and 4
+    assert cache.held_span("obj", "v", BLOCK + 100, 50) == (BLOCK, 2 * BLOCK)
+    assert cache.held_span("obj", "v", 3 * BLOCK - 1, 2) is None  # block 2 is missing
+    assert cache.held_span("obj", "v", 3 * BLOCK + 1, BLOCK + 9) == (3 * BLOCK, 5 * BLOCK)
+    assert cache.held_span("obj", "v2", BLOCK, 1) is None  # another version
+    assert cache.held_span("obj", "v", BLOCK, 0) is None
+    assert (cache.stats.hits, cache.stats.misses) == (0, 3)  # the three blocks fetched
+    # What a reader then reads of a held span comes from disk, exact.
+    assert cache.read("obj", "v", 3 * BLOCK, BLOCK + 10, Source(b"").fetch) == data[3 * BLOCK :]
 
 
 def test_the_size_is_respected(tmp_path: Path) -> None:
@@ -198,6 +220,14 @@ def test_s3_reads_of_a_version_come_from_disk_after_a_restart(s3: S3Env, tmp_pat
     assert again.read_tail("shard", 100, stat.size, stat.version) == data[-100:]
     assert again.read("shard", 10, BLOCK, stat.version) == data[10 : 10 + BLOCK]
     assert data_gets(s3) == []
+    # What it holds, it says so (the tail's blocks 2 and 3, and 0 and 1): readers size
+    # their reads by it.
+    assert again.local_span("shard", 10, BLOCK, stat.version) == (0, 2 * BLOCK)
+    assert again.local_span("shard", 0, len(data), stat.version) == (0, 4 * BLOCK)
+    assert again.local_span("shard", 10, 20, '"another"') is None
+    assert s3_storage(s3, tmp_path / "elsewhere").local_span("shard", 10, 20, stat.version) is None
+    with nonblocking(), pytest.raises(WouldBlock):  # it asks SQLite: never on the event loop
+        again.local_span("shard", 10, 20, stat.version)
     # Replaced behind the cache: the new version is fetched, the old one is refused.
     s3.put("root/shard", content(len(data), 5))
     fresh = s3_storage(s3, tmp_path)

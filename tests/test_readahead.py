@@ -119,6 +119,37 @@ def test_stores_with_cheap_requests_only_pass_reads_through(tmp_path: Path) -> N
     assert storage.reads == entries
 
 
+class HeldStorage(CountingStorage):
+    """As if the bytes in `held` (block-aligned) were in a disk cache: `local_span` says
+    so for ranges within them, in blocks of `block`."""
+
+    def __init__(self, root: Path, block: int, held: tuple[int, int]) -> None:
+        super().__init__(root)
+        self.block, self.held = block, held
+
+    def local_span(
+        self, key: str, offset: int, length: int, version: Hashable
+    ) -> tuple[int, int] | None:
+        start = offset // self.block * self.block
+        end = -(-(offset + length) // self.block) * self.block
+        return (start, end) if self.held[0] <= start and end <= self.held[1] else None
+
+
+def test_chunks_held_locally_are_read_a_block_at_a_time(tmp_path: Path) -> None:
+    """No window sized for round trips where the store holds the bytes (a disk cache): a
+    walker reads the block of each chunk it misses, and the shard's uncached part the
+    usual way."""
+    _, table, entries = shard(tmp_path, [100 * KIB] * 20)
+    storage = HeldStorage(tmp_path, 512 * KIB, (0, 1 << 20))
+    ahead = ReadAhead(storage, 64 << 20)
+    for i, entry in enumerate(entries):
+        assert ahead.read(Pin(storage, "s", table.stat), table, *entry) == bytes([i]) * 100 * KIB
+    # Chunks 0-4 lie in block 0; 5 in blocks 0-1, read with what else they hold that is
+    # not cached (the chunks a reader asked for are not kept: the kernel keeps those).
+    # Chunk 10 is not held: a walker's window takes the rest of the shard, as ever.
+    assert storage.reads == [(0, 500 * KIB), (0, 1000 * KIB), (500 * KIB, 1500 * KIB)]
+
+
 def test_a_walker_of_a_shard_gets_the_next_shards_fetched_ahead(tmp_path: Path) -> None:
     tables = {}
     for name in ("s0", "s1", "s2", "s3"):

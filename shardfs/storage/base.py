@@ -207,6 +207,16 @@ class Storage(ABC):
         index beyond them may be torn."""
         return None
 
+    def local_span(
+        self, key: str, offset: int, length: int, version: Hashable
+    ) -> tuple[int, int] | None:
+        """Where a store that keeps a local copy of remote objects (a disk cache) holds
+        `length` bytes at `offset` of version `version`: the span (start, end) of the
+        local units around them, which it reads whole and with no request; None if a
+        read of them would need a request. Readers that look ahead to save round trips
+        read just that span instead (its end may lie beyond the object's)."""
+        return None
+
     def read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
         """The last `length` bytes of version `version` of `key`, which has `size` bytes.
 

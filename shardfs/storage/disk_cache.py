@@ -93,6 +93,7 @@ class DiskCache:
         )
         self.stats = DiskCacheStats()
         self._lock = threading.Lock()
+        self._local = threading.local()
         self._paused_until = 0.0
         self._warned_until = 0.0
 
@@ -105,54 +106,88 @@ class DiskCache:
         by `fetch`, which is then kept. CorruptData if the object ends before them."""
         if length <= 0:
             return b""
-        first, last = offset // self.block, (offset + length - 1) // self.block
-        # Views, not copies: the one copy made is of the bytes asked for, at the end.
-        blocks: dict[int, memoryview] = {}
+        end = offset + length
+        first, last = offset // self.block, (end - 1) // self.block
+        # The bytes asked for of each block, copied out of a held one (whose buffer the
+        # next one reuses) or viewed in a fetched one.
+        pieces: dict[int, bytes | memoryview] = {}
         size: int | None = None
         for index in range(first, last + 1):
-            found = self._get(name, version, index)
+            found = self._get(name, version, index, *self._within(index, offset, end))
             if found is not None:
-                blocks[index], size = found
-        missing = [i for i in range(first, last + 1) if i not in blocks]
+                pieces[index], size = found
+        missing = [i for i in range(first, last + 1) if i not in pieces]
         for start, stop in _runs(missing):
             data, size = fetch(start * self.block, (stop - start) * self.block)
             fetched = memoryview(data)
             for index in range(start, stop):
-                piece = fetched[(index - start) * self.block : (index - start + 1) * self.block]
-                if not piece:
+                block = fetched[(index - start) * self.block : (index - start + 1) * self.block]
+                if not block:
                     break
-                blocks[index] = piece
-                self._put(name, version, index, piece, size)
-        end = offset + length
+                self._put(name, version, index, block, size)
+                low, high = self._within(index, offset, end)
+                pieces[index] = block[low:high]
         if size is None or end > size:
             raise CorruptData(f"wanted {length} bytes at {offset}, the object has {size} bytes")
-        pieces = []
-        for index in range(first, last + 1):
-            low = max(offset, index * self.block) - index * self.block
-            high = min(end, (index + 1) * self.block) - index * self.block
-            pieces.append(blocks[index][low:high])
-        return b"".join(pieces)
+        if first == last and isinstance(pieces[first], bytes):
+            return pieces[first]  # already a copy of its own
+        return b"".join(pieces[index] for index in range(first, last + 1))
+
+    def _within(self, index: int, offset: int, end: int) -> tuple[int, int]:
+        """Where the bytes from `offset` to `end` lie in block `index`, as (low, high)."""
+        base = index * self.block
+        return max(offset, base) - base, min(end, base + self.block) - base
+
+    def held_span(
+        self, name: str, version: str, offset: int, length: int
+    ) -> tuple[int, int] | None:
+        """The whole blocks around `length` bytes at `offset` of a version, as (start, end),
+        if the cache holds every one of them; else None. No block is read, counted or
+        made recent: a reader asks this to size what it reads, since a held block costs
+        the same to read whatever part of it is wanted, and a missing one a round trip."""
+        if length <= 0:
+            return None
+        first, last = offset // self.block, (offset + length - 1) // self.block
+        try:
+            for index in range(first, last + 1):
+                if self._key(name, version, index) not in self._cache:
+                    return None
+        except (OSError, sqlite3.Error, diskcache.Timeout) as e:
+            self._failed(f"reading {self.directory}", e)
+            return None
+        return first * self.block, (last + 1) * self.block
 
     def _key(self, name: str, version: str, index: int) -> str:
         return f"{name}\0{version}\0{index}"
 
-    def _get(self, name: str, version: str, index: int) -> tuple[memoryview, int] | None:
+    def _get(
+        self, name: str, version: str, index: int, low: int, high: int
+    ) -> tuple[bytes, int] | None:
+        """Bytes `low` to `high` of a block and the object's size, if the block is held
+        and checks out. The whole block is read into this thread's buffer and checked;
+        only the bytes wanted are copied out (a fresh megabyte costs more than the read)."""
         key = self._key(name, version, index)
         try:
-            value = self._cache.get(key)
+            value = self._cache.get(key, read=True)  # a file, or bytes kept in the index
+            if value is None or isinstance(value, bytes):
+                stored = value
+            else:
+                buffer = self._buffer()
+                with value:
+                    stored = buffer[: value.readinto(buffer)]
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             self._failed(f"reading {self.directory}", e)
             return None
-        if value is None:
+        if stored is None:
             self._count("misses")
             return None
-        if isinstance(value, bytes) and len(value) >= _HEADER.size:
-            digest, size = _HEADER.unpack_from(value)
-            data = memoryview(value)[_HEADER.size :]
+        if len(stored) >= _HEADER.size:
+            digest, size = _HEADER.unpack_from(stored)
+            data = memoryview(stored)[_HEADER.size :]
             expected = min(self.block, size - index * self.block)
             if len(data) == expected and crc32c.crc32c(data) == digest:
                 self._count("hits", bytes_read=len(data))
-                return data, size
+                return bytes(data[low:high]), size
         log.warning(
             "disk cache %s: a damaged block of %s (version %s, bytes %d-) was dropped",
             self.directory, name, version, index * self.block,
@@ -163,6 +198,14 @@ class DiskCache:
         except (OSError, sqlite3.Error, diskcache.Timeout) as e:
             self._failed(f"dropping a block in {self.directory}", e)
         return None
+
+    def _buffer(self) -> memoryview:
+        """This thread's buffer for one stored block, made once: reused, its pages stay
+        mapped. One byte more than a block holds, so a file too long shows."""
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            buffer = self._local.buffer = memoryview(bytearray(_HEADER.size + self.block + 1))
+        return buffer
 
     def _put(self, name: str, version: str, index: int, data: memoryview, size: int) -> None:
         if time.monotonic() < self._paused_until:

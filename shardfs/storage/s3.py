@@ -553,6 +553,18 @@ class S3Storage(Storage):
             return self._cached(key, size - length, length, version)
         return self._get(key, size - length, length, f"bytes=-{length}", version)[0]
 
+    def local_span(
+        self, key: str, offset: int, length: int, version: Hashable
+    ) -> tuple[int, int] | None:
+        if self.disk_cache is None:
+            return None
+        check_may_block()
+        return self.disk_cache.held_span(self._cache_name(key), str(version), offset, length)
+
+    def _cache_name(self, key: str) -> str:
+        """The object's name in the disk cache, which mounts of other stores share."""
+        return f"{self.config.endpoint_url or 'aws'}/{self.bucket}/{self._object(key)}"
+
     def _cached(self, key: str, offset: int, length: int, version: Hashable) -> bytes:
         """A read of one version through the disk cache, which fetches whole blocks. Never
         on the event loop: a hit reads a file, and the cache's index may wait for a lock
@@ -563,9 +575,8 @@ class S3Storage(Storage):
         def fetch(start: int, size: int) -> tuple[bytes, int]:
             return self._get(key, start, size, f"bytes={start}-{start + size - 1}", version, True)
 
-        name = f"{self.config.endpoint_url or 'aws'}/{self.bucket}/{self._object(key)}"
         try:
-            return self.disk_cache.read(name, str(version), offset, length, fetch)
+            return self.disk_cache.read(self._cache_name(key), str(version), offset, length, fetch)
         except CorruptData as e:
             raise CorruptData(f"{self.describe(key)}: {e}") from None
 

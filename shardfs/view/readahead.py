@@ -172,12 +172,13 @@ class ReadAhead:
                 return data
             if not may_block():
                 raise WouldBlock
+            span = self.storage.local_span(key, offset, nbytes, version)
             with self._lock:
                 waiting = self._pending.get(wanted)
                 if waiting is None:
                     state = self._seen.get(walk, 0)  # (a walker's next asked for stays so)
                     self._note(walk, state + 1 if state < WALKED else state)
-                    plan = self._plan(key, table, offset, nbytes)
+                    plan = self._plan(key, table, offset, nbytes, span)
                     future: Future[None] = Future()
                     for chunk in plan:
                         self._pending[chunk] = future
@@ -242,13 +243,25 @@ class ReadAhead:
         for _ in range(taken):
             self._prefetching.release()
 
-    def _plan(self, key: str, table: ExtentSource, offset: int, nbytes: int) -> list[ChunkKey]:
+    def _plan(
+        self,
+        key: str,
+        table: ExtentSource,
+        offset: int,
+        nbytes: int,
+        span: tuple[int, int] | None,
+    ) -> list[ChunkKey]:
         """The chunks to fetch with the one at `offset` (first in the list): its neighbours
         in the shard within the window, on both sides (concurrent readers do not ask in
         order), up to a gap bigger than `request_cost` (chunks already cached or on their
-        way count as gap: reading over them beats another request)."""
+        way count as gap: reading over them beats another request). Where the store holds
+        the chunk locally (`span`, from `Storage.local_span`), there is no round trip to
+        save: the window is the span, which it reads for that chunk anyway."""
         version = table.stat.version
-        if self._seen[(key, version, table.part)] == FETCHED:
+        gaps = self.storage.request_cost
+        if span is not None:
+            window = gaps = span[1] - span[0]
+        elif self._seen[(key, version, table.part)] == FETCHED:
             window = max(FIRST_WINDOW, self.storage.request_cost)
         else:
             window = self.max_window
@@ -268,9 +281,10 @@ class ReadAhead:
                 if chunk in self._pending or self.cache.peek(chunk) is not None:
                     i += step
                     continue  # had already: no reason to fetch it, but no reason to stop
+                if span is not None and not span[0] <= start <= start + size <= span[1]:
+                    break
                 gap = start - high if step == 1 else low - (start + size)
-                span = max(high, start + size) - min(low, start)
-                if span > window or gap > self.storage.request_cost:
+                if max(high, start + size) - min(low, start) > window or gap > gaps:
                     break
                 plan.append(chunk)
                 low, high = min(low, start), max(high, start + size)
@@ -292,15 +306,16 @@ class ReadAhead:
         extents = table.extents
         if not len(extents.starts):
             return
+        shard: Walk = (key, table.stat.version, table.part)
+        first: ChunkKey = (key, shard[1], int(extents.starts[0]), int(extents.sizes[0]))
+        span = self.storage.local_span(key, first[2], first[3], shard[1])
         with self._lock:
-            shard: Walk = (key, table.stat.version, table.part)
             if shard in self._seen:
                 return  # a reader or an earlier prefetch got there first
             self._note(shard, WALKED)  # its first reader will be walking it
-            first: ChunkKey = (key, shard[1], int(extents.starts[0]), int(extents.sizes[0]))
             if first in self._pending or self.cache.peek(first) is not None:
                 return
-            plan = self._plan(key, table, first[2], first[3])
+            plan = self._plan(key, table, first[2], first[3], span)
             future: Future[None] = Future()
             for chunk in plan:
                 self._pending[chunk] = future
