@@ -172,7 +172,11 @@ class ReadAhead:
                 return data
             if not may_block():
                 raise WouldBlock
-            span = self.storage.local_span(key, offset, nbytes, version)
+            with self._lock:
+                waiting = self._pending.get(wanted)
+            # Where the store holds it (asked only by a reader that is to fetch it, and
+            # outside the lock: the answer may take a disk read).
+            span = None if waiting else self.storage.local_span(key, offset, nbytes, version)
             with self._lock:
                 waiting = self._pending.get(wanted)
                 if waiting is None:
