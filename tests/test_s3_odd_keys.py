@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 from shardfs.errors import NotFound, UsageError
 from shardfs.fuse.mounts import mount_type
@@ -28,6 +29,7 @@ from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.storage.s3 import S3Config, S3Storage
 from tests.conftest import Mounted, stop_mount
 from tests.s3 import S3Env
+from tests.test_cli import daemons_for, run, wait_gone
 from tests.test_mount_s3 import CHUNKS, SHAPE, read_view, values, write
 from tests.test_storage_s3 import storage
 
@@ -156,6 +158,32 @@ def test_odd_keys_are_left_out_and_the_rest_mounts(s3: S3Env, mount) -> None:
     assert_logged_once(log, s3.bucket, "src")
     assert "marker" not in log, "an empty folder marker is not worth a line"
     assert "ERROR" not in log and "Traceback" not in log, log
+
+
+@pytest.mark.fuse
+@pytest.mark.usefixtures("one_by_one")
+def test_a_detached_mount_shows_the_odd_keys_and_logs_them(s3: S3Env, tmp_path: Path) -> None:
+    """`shardfs mount` (no `-f`) finds the odd keys while it opens the source, before the
+    daemon's log is set up: they are shown to whoever mounts, and in the daemon's log."""
+    for name, seed_of in ARRAYS.items():
+        write(s3, name, values(seed_of))
+    seed(s3, "src")
+    mountpoint, log_file = tmp_path / "mnt", tmp_path / "daemon.log"
+    mountpoint.mkdir()
+    options = ",".join([*s3.mount_options(), "ro", f"log={log_file}"])
+    result = run("mount", s3.url("src"), str(mountpoint), "-o", options)
+    pids = daemons_for(mountpoint)
+    try:
+        assert result.returncode == 0, result.stderr
+        assert_logged_once(result.stderr, s3.bucket, "src")
+        lines = result.stderr.splitlines()
+        assert all(line.startswith("shardfs: WARNING: ") for line in lines), lines
+        np.testing.assert_array_equal(zarr.open_array(mountpoint / "a", mode="r")[...], values(1))
+        assert_logged_once(log_file.read_text(), s3.bucket, "src")
+    finally:
+        if mount_type(str(mountpoint)) is not None:
+            assert run("umount", str(mountpoint)).returncode == 0
+        assert wait_gone(pids), "daemon still running after umount"
 
 
 @pytest.mark.parametrize(

@@ -228,11 +228,13 @@ def _fsname(source: str) -> str:
 
 def _mount(args: argparse.Namespace) -> int:
     options = parse_options(args.options)
-    source = open_source(args.source, options)
-    check_mountpoint(args.mountpoint, args.source)
+    with logs.early() as early:
+        source = open_source(args.source, options)
+        check_mountpoint(args.mountpoint, args.source)
     if args.foreground:
-        return _run_daemon(args, options, source)
-    return _detach_daemon(args, options, source)
+        return _run_daemon(args, options, source, early)
+    early.print()  # the daemon's log (syslog, a file) gets them too, but is not here
+    return _detach_daemon(args, options, source, early)
 
 
 def _kernel_served(options: MountOptions) -> bool:
@@ -267,13 +269,16 @@ def _run_daemon(
     args: argparse.Namespace,
     options: MountOptions,
     source: Hierarchy | PrecomputedSource,
+    early: logs.Early,
     ready_fd: int | None = None,
 ) -> int:
-    """Serve the mount; a detached daemon says "ready" or "error ..." on `ready_fd`."""
+    """Serve the mount; a detached daemon says "ready" or "error ..." on `ready_fd`.
+    `early` holds what was logged while the source was opened, before the log was set up."""
     from shardfs.fuse.adapter import MountConfig
     from shardfs.fuse.daemon import serve
 
     logs.setup(options.log_file, foreground=ready_fd is None, debug=options.debug)
+    early.replay()
     ready = os.fdopen(ready_fd, "w") if ready_fd is not None else None
 
     def report(message: str) -> None:
@@ -317,7 +322,10 @@ def _run_daemon(
 
 
 def _detach_daemon(
-    args: argparse.Namespace, options: MountOptions, source: Hierarchy | PrecomputedSource
+    args: argparse.Namespace,
+    options: MountOptions,
+    source: Hierarchy | PrecomputedSource,
+    early: logs.Early,
 ) -> int:
     """Fork the daemon into its own session and wait until it reports. The child goes on
     with what this process has imported and opened, which halves the time to a mount."""
@@ -340,7 +348,7 @@ def _detach_daemon(
                 os.dup2(null, fd)
             # systemd hears from a daemon it started in the foreground; never from this one.
             os.environ.pop("NOTIFY_SOCKET", None)
-            code = _run_daemon(args, options, source, ready_fd=write_end)
+            code = _run_daemon(args, options, source, early, ready_fd=write_end)
         finally:
             logging.shutdown()
             os._exit(code)

@@ -10,11 +10,13 @@ into their one line, so one event stays one entry.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
 import re
 import sys
+from collections.abc import Iterator
 
 log = logging.getLogger("shardfs")
 
@@ -86,3 +88,42 @@ def setup(log_file: str | None, foreground: bool, debug: bool) -> None:
     handler.setFormatter(OneLine(fmt, journal))
     log.addHandler(handler)
     log.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+class Early(logging.Handler):
+    """Keeps what is logged before `setup` has chosen where the log goes: while a mount
+    opens its source, S3 keys that no path can hold are logged (one line each), and both
+    the person running the command and the daemon's log must see them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.setFormatter(OneLine("shardfs: %(levelname)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def print(self) -> None:
+        """Show what was kept on stderr, where whoever runs the command sees it."""
+        for record in self.records:
+            print(self.format(record), file=sys.stderr)
+
+    def replay(self) -> None:
+        """Log what was kept again, now that `setup` has set the log up."""
+        for record in self.records:
+            log.handle(record)
+
+
+@contextlib.contextmanager
+def early() -> Iterator[Early]:
+    """Keep what the `shardfs` log gets within the block; if the block fails, show it on
+    stderr (before the error that ends the command)."""
+    handler = Early()
+    log.addHandler(handler)
+    try:
+        yield handler
+    except BaseException:
+        handler.print()
+        raise
+    finally:
+        log.removeHandler(handler)

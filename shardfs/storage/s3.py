@@ -39,6 +39,7 @@ whole arrays, the object is one file.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -176,6 +177,8 @@ def _parent(key: str) -> tuple[str, str]:
 NAME_MAX = 255
 #: The longest path Linux takes (PATH_MAX), in bytes with its closing NUL.
 PATH_MAX = 4096
+#: Keys whose fitness for a path each storage keeps (about 200 bytes each).
+CHECKED_KEYS = 4096
 #: Why an object is left out whose name is also a directory.
 _SHADOWED = "its name is also a directory (keys below it), which is shown instead"
 
@@ -296,6 +299,9 @@ class S3Storage(Storage):
         self._left_out: set[str] = set()
         self._left_out_below: set[str] = set()
         self._left_out_lock = threading.Lock()
+        #: Why no path can hold a key, kept for the keys asked about most (every read and
+        #: stat checks its key: a shard's is checked at each chunk read).
+        self._unfit_path = functools.lru_cache(maxsize=CHECKED_KEYS)(_unfit_path)
 
     # -- naming -------------------------------------------------------------
 
@@ -304,7 +310,7 @@ class S3Storage(Storage):
         is made for it, so nothing (`..` above all) reaches outside the prefix or at a key
         the view leaves out."""
         whole = f"{self.prefix}/{key}" if self.prefix and key else self.prefix or key
-        why = _unfit_path(key) if key else None
+        why = self._unfit_path(key) if key else None
         if why is not None:
             raise NotFound(f"s3://{self.bucket}/{whole}: not in the view: {why}")
         return whole
@@ -324,7 +330,7 @@ class S3Storage(Storage):
     def stat(self, key: str) -> Stat | None:
         if not key:
             return self._dir_stat
-        if _unfit_path(key) is not None:
+        if self._unfit_path(key) is not None:
             return None  # not in the view (`/x` would otherwise be answered as `x`)
         parent, name = _parent(key)
         listing = self._cache.get("list", parent)
