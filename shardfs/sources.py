@@ -125,7 +125,11 @@ def open_view(
         shard_mtimes=options.read_only,  # read-only mounts let the kernel cache listings
     )
     if options.read_only:
-        unfinished = storage.pending_recovery()
+        try:
+            unfinished = storage.pending_recovery()
+        except StorageError as e:  # credentials that may only read (no ListMultipartUploads)
+            log.info("%s: not checked for unfinished commits: %s", name, e)
+            return namespace
         if unfinished:
             log.warning(
                 "%d shards have unfinished commits (a writer may be at work, or crashed); "

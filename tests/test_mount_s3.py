@@ -71,6 +71,19 @@ def test_a_whole_array_read_costs_few_requests(s3: S3Env, mount) -> None:
     assert sum(1 for _, key, _, _ in gets if key == "src/zarr.json") == 2, gets
 
 
+def test_a_read_only_mount_needs_only_read_permissions(s3: S3Env, mount) -> None:
+    """Cluster nodes often hold credentials that may list and get, nothing else: asking
+    for unfinished uploads (ListMultipartUploads) is then denied, and must not stop a
+    read-only mount."""
+    data = values(6)
+    write(s3, "a", data)
+    denied = s3.proxy.fail(403, code="AccessDenied", method="GET", query="uploads", count=None)
+    mounted: Mounted = mount(s3.url("src"), *s3.mount_options(), "ro")
+    np.testing.assert_array_equal(read_view(mounted, "a"), data)
+    assert denied.hits >= 1
+    assert "ERROR" not in mounted.log() and "Traceback" not in mounted.log(), mounted.log()
+
+
 def test_retried_faults_leave_reads_correct(s3: S3Env, mount) -> None:
     arrays = {name: values(seed) for seed, name in enumerate(["err", "cut", "slow"])}
     for name, data in arrays.items():
