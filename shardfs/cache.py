@@ -86,6 +86,7 @@ class LruCache(Generic[V]):
             if pending is None:
                 future: Future[V | _Failure] = Future()
                 self._loading[key] = future
+                self.stats.loads += 1
         if pending is not None:
             if not may_block():
                 raise WouldBlock
@@ -93,7 +94,6 @@ class LruCache(Generic[V]):
                 return self._unwrap(pending.result())
             except WouldBlock:
                 return self.get(key, load)
-        self.stats.loads += 1
         try:
             value: V | _Failure = load()
         except self._cache_errors as e:

@@ -5,8 +5,10 @@ is already in memory (a cached index, a chunk in the page cache), yet running
 every call on the single event-loop thread would serialise cold disk reads.
 So the FUSE adapter first runs a call inside `nonblocking()`; any storage
 access that would have to wait raises `WouldBlock` instead, and the adapter
-runs the call again in a worker thread. Core calls are reads, so a retry is
-safe. The mode is per thread: worker threads always block normally.
+runs the call again in a worker thread. A retry is safe: reads change
+nothing, and a mutation does all the I/O that may raise WouldBlock before it
+changes any state (see `Workspace`). The mode is per thread: worker threads
+always block normally.
 """
 
 from __future__ import annotations

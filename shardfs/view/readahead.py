@@ -142,7 +142,9 @@ class ReadAhead:
 
     def snapshot(self) -> dict[str, int]:
         """Its figures for `shardfs stats`: the cache's, its fetches, the chunks fetched ahead."""
-        return {**self.cache.snapshot(), "fetches": self.fetches, "prefetched": self.prefetched}
+        with self._lock:
+            counts = {"fetches": self.fetches, "prefetched": self.prefetched}
+        return {**self.cache.snapshot(), **counts}
 
     def read(
         self,
@@ -331,8 +333,9 @@ class ReadAhead:
         end = max(offset + size for _, _, offset, size in plan)
         try:
             data = self.storage.read(key, start, end - start, version)
-            self.fetches += 1
-            self.prefetched += len(plan) - 1
+            with self._lock:  # counted under the lock: fetches run in many threads
+                self.fetches += 1
+                self.prefetched += len(plan) - 1
             for chunk in plan[1:]:
                 _, _, offset, size = chunk
                 self.cache.put(chunk, data[offset - start : offset - start + size])
