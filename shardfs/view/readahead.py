@@ -23,6 +23,12 @@ or of one part of a shard whose index comes in parts (a minishard of a
 Neuroglancer precomputed shard, whose index alone locates its chunks). Walks are
 told apart by part, and the part a walker goes to next is the caller's to say.
 
+Where the store keeps a local copy of what it fetched (S3 with a disk cache),
+a chunk it holds costs no round trip: it is read with the chunks of the same
+local blocks and no more (`Storage.local_span`), since a window sized for
+round trips would read whole shards from disk for a reader that wants a few
+chunks of each.
+
 Entries are keyed by the shard's version, so bytes of two versions never mix.
 """
 
