@@ -670,3 +670,11 @@ def test_info_on_s3_matches_the_local_report(tmp_path: Path, s3, capsys) -> None
     report = json.loads(capsys.readouterr().out)
     assert report["source"] == f"s3://{s3.bucket}/data"
     assert report["nodes"] == expected["nodes"]
+    assert report["unchecked"] == []
+    # Credentials that may only read cannot list multipart uploads: `info` still answers,
+    # and says what it could not look at.
+    s3.proxy.fail(403, code="AccessDenied", method="GET", query="uploads", count=None)
+    assert main(["info", "--json", remote.url, "-o", ",".join(remote.options)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["nodes"] == expected["nodes"]
+    assert len(report["unchecked"]) == 1 and "AccessDenied" in report["unchecked"][0], report

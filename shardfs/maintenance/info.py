@@ -141,6 +141,8 @@ def survey(storage: Storage, progress: tqdm | None = None) -> InfoReport:
     nodes, skipped = find_nodes(storage)
     report = InfoReport(storage.describe(""), skipped=skipped)
     report.pending = [storage.describe(key) for key in reader.pending]
+    if reader.unfinished_unknown:
+        report.unchecked.append(f"unfinished appends: {reader.unfinished_unknown}")
     report.ome = ome.describe({node.path: node.meta for node in nodes})
     arrays: list[tuple[NodeInfo, ShardedLayout, list[str]]] = []
     for node in nodes:

@@ -240,8 +240,20 @@ class IndexReader:
         self.repair = repair
         #: The lines of every recovery run (repair) ...
         self.recovery: list[str] = storage.recover() if repair else []
+        #: Why unfinished appends could not be looked for, if they could not: credentials
+        #: that may only read cannot list S3's multipart uploads.
+        self.unfinished_unknown: str | None = None
         #: ... or the keys with unfinished appends at the start (no repair).
-        self.pending: list[str] = [] if repair else storage.pending_recovery()
+        self.pending: list[str] = [] if repair else self._unfinished() or []
+
+    def _unfinished(self) -> list[str] | None:
+        """The keys with unfinished appends; None where the store would not say (see
+        `unfinished_unknown`): a check that only reads must not need more than reads."""
+        try:
+            return self.storage.pending_recovery()
+        except StorageError as e:
+            self.unfinished_unknown = str(e)
+            return None
 
     def read(self, key: str, level: ShardLevel) -> ShardIndex | None:
         """The shard's current index; None if there is no shard (any more).
@@ -261,7 +273,8 @@ class IndexReader:
                 current = self.storage.stat(key)
                 if current is None or current.version != stat.version:
                     continue  # a writer was at work: read the new version
-                if key not in self.storage.pending_recovery():
+                unfinished = self._unfinished()
+                if unfinished is None or key not in unfinished:
                     raise CorruptData(f"{self.storage.describe(key)}: {e}") from None
                 if not self.repair:
                     raise CorruptData(
