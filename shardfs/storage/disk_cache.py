@@ -201,7 +201,9 @@ class DiskCache:
 
     def _buffer(self) -> memoryview:
         """This thread's buffer for one stored block, made once: reused, its pages stay
-        mapped. One byte more than a block holds, so a file too long shows."""
+        mapped. One byte more than a block holds, so a file too long shows. (Scratch, not
+        a cache: one block per thread that reads, the daemon's 16 workers and the few
+        read-ahead threads.)"""
         buffer = getattr(self._local, "buffer", None)
         if buffer is None:
             buffer = self._local.buffer = memoryview(bytearray(_HEADER.size + self.block + 1))
