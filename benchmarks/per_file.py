@@ -69,9 +69,9 @@ from floor import inode_fh_supported
 from read_throughput import drop_caches
 from scale import revision
 
-from shardfs.errors import UsageError
 from shardfs.fuse.mounts import mount_type, unmount
 from shardfs.options import parse_options
+from shardfs.primitives.errors import UsageError
 
 HERE = Path(__file__).resolve().parent
 ARRAY = "data"

@@ -93,9 +93,9 @@ from zarr.codecs import ZstdCodec
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from shardfs.errors import CorruptData  # noqa: E402
 from shardfs.formats.shard_index import EMPTY, IndexCodec, check_entries  # noqa: E402
 from shardfs.fuse.mounts import mount_type, unmount  # noqa: E402
+from shardfs.primitives.errors import CorruptData  # noqa: E402
 from tests.conftest import Mounted, start_mount  # noqa: E402
 from tests.zarr2 import ensure_zarr2  # noqa: E402
 

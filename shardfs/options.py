@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from shardfs.errors import UsageError
+from shardfs.primitives.errors import UsageError
 
 if TYPE_CHECKING:
     from shardfs.storage.s3 import S3Config

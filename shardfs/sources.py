@@ -14,8 +14,8 @@ import os
 import sqlite3
 from typing import TYPE_CHECKING
 
-from shardfs.errors import InvalidMetadata, StorageError, UsageError
 from shardfs.options import MountOptions
+from shardfs.primitives.errors import InvalidMetadata, StorageError, UsageError
 from shardfs.storage import LocalStorage, Storage
 from shardfs.view import Namespace, View
 from shardfs.view.hierarchy import Hierarchy, open_hierarchy

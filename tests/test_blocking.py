@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shardfs.cache import LruCache
+from shardfs.primitives.blocking import WouldBlock, may_block, nonblocking
+from shardfs.primitives.cache import LruCache
 from shardfs.storage import LocalStorage, local
-from shardfs.storage.blocking import WouldBlock, may_block, nonblocking
 
 
 def test_mode_is_per_thread_and_nests() -> None:

@@ -42,8 +42,8 @@ from shardfs.checksum import (
 )
 from shardfs.checksum.digests import ChunkDigests
 from shardfs.cli import main
-from shardfs.errors import SourceChanged
 from shardfs.maintenance import progress_bar
+from shardfs.primitives.errors import SourceChanged
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, View
 from tests import test_mount_draft as draft_arrays

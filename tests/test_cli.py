@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import zarr
 
-from shardfs.errors import UsageError
 from shardfs.fuse.mounts import mount_type, unmount
 from shardfs.options import parse_options, parse_size
+from shardfs.primitives.errors import UsageError
 from tests.conftest import Mounted, start_mount, stop_mount
 
 SHARDFS = [sys.executable, "-m", "shardfs"]

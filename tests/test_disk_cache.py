@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import zarr
 
-from shardfs.errors import CorruptData, UsageError
 from shardfs.options import parse_options
-from shardfs.storage.blocking import WouldBlock, nonblocking
+from shardfs.primitives.blocking import WouldBlock, nonblocking
+from shardfs.primitives.errors import CorruptData, UsageError
 from shardfs.storage.disk_cache import DiskCache
 from shardfs.storage.s3 import S3Config, S3Storage
 from tests.conftest import Mounted

@@ -8,10 +8,10 @@ import crc32c
 import numpy as np
 import pytest
 
-from shardfs.errors import CorruptData, InvalidMetadata
 from shardfs.formats.keys import ChunkKeyEncoding, parse_index
 from shardfs.formats.shard_index import EMPTY, IndexCodec, check_entries
 from shardfs.formats.zarr_v3 import Unshardable, level_slots, parse_node, sharded_layout
+from shardfs.primitives.errors import CorruptData, InvalidMetadata
 
 BYTES = {"name": "bytes", "configuration": {"endian": "little"}}
 

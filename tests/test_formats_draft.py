@@ -21,7 +21,6 @@ import pytest
 import zarr
 import zarr.storage
 
-from shardfs.errors import InvalidMetadata
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_draft import (
     DRAFT_FORMAT,
@@ -33,6 +32,7 @@ from shardfs.formats.zarr_draft import (
     translate_group,
 )
 from shardfs.formats.zarr_v3 import sharded_layout
+from shardfs.primitives.errors import InvalidMetadata
 from tests.zarr2 import Zarr2
 
 # Translations name non-core codecs `numcodecs.<id>`, which zarr-python 3 reads with a warning.

@@ -30,7 +30,6 @@ from ome_zarr_models.v05 import image_label as image_label05
 from ome_zarr_models.v05 import labels as labels05
 from ome_zarr_models.v05 import well as well05
 
-from shardfs.errors import InvalidWrite
 from shardfs.formats.ome import (
     OME_KEYS,
     describe,
@@ -38,6 +37,7 @@ from shardfs.formats.ome import (
     v04_attributes,
     v05_attributes,
 )
+from shardfs.primitives.errors import InvalidWrite
 
 AXES = {
     "t": {"name": "t", "type": "time", "unit": "second"},

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardfs.errors import CorruptData, InvalidMetadata
 from shardfs.formats.precomputed import (
     Scale,
     Sharding,
@@ -30,6 +29,7 @@ from shardfs.formats.precomputed import (
     murmurhash3_x86_128,
     parse_info,
 )
+from shardfs.primitives.errors import CorruptData, InvalidMetadata
 
 MURMUR = {
     "@type": "neuroglancer_uint64_sharded_v1",

@@ -28,7 +28,6 @@ import zarr
 from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
 
 from shardfs.cli import main
-from shardfs.errors import SourceChanged
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.shard_write import append_update
 from shardfs.formats.zarr_draft import DRAFT_FORMAT
@@ -36,6 +35,7 @@ from shardfs.formats.zarr_v3 import ShardLevel, sharded_layout
 from shardfs.maintenance import Policy, compact, find_shards, fsck, progress_bar
 from shardfs.maintenance.info import survey
 from shardfs.maintenance.report import format_size
+from shardfs.primitives.errors import SourceChanged
 from shardfs.storage import LocalStorage, Stat, journal
 
 pytestmark = pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec")

@@ -31,8 +31,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zarr.storage import LocalStore
 
-from shardfs.errors import CorruptData
 from shardfs.formats.shard_index import IndexCodec, check_entries
+from shardfs.primitives.errors import CorruptData
 from tests.conftest import Mounted, start_mount, stop_mount
 
 EMPTY = 2**64 - 1  # the spec's marker of an empty inner chunk (offset and nbytes)

@@ -28,10 +28,10 @@ import pytest
 import tensorstore as ts
 
 from shardfs.cli import main
-from shardfs.errors import StorageError
 from shardfs.formats.precomputed import Sharding
+from shardfs.primitives.blocking import WouldBlock, nonblocking
+from shardfs.primitives.errors import StorageError
 from shardfs.storage import LocalStorage
-from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.view import Role
 from shardfs.view.precomputed import PrecomputedNamespace
 from tests.backends import Source

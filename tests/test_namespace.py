@@ -14,7 +14,7 @@ import pytest
 import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
-from shardfs.errors import CorruptData, IsADirectory, NotADirectory, NotFound
+from shardfs.primitives.errors import CorruptData, IsADirectory, NotADirectory, NotFound
 from shardfs.storage import LocalStorage, Stat
 from shardfs.storage.base import Pin
 from shardfs.view import Namespace, Node, Role, View

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from shardfs.formats.shard_index import EMPTY
+from shardfs.primitives.blocking import WouldBlock, nonblocking
 from shardfs.storage import LocalStorage, Stat
 from shardfs.storage.base import Pin
-from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.view.readahead import WALKED, HasExtents, ReadAhead
 
 KIB = 1 << 10

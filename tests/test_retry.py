@@ -1,4 +1,4 @@
-"""The one retry policy (`shardfs.retry.attempts`): how many tries, which wait, and never on
+"""The one retry policy (`shardfs.primitives.retry.attempts`): how many tries, which wait, and never on
 the event loop."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from shardfs.retry import attempts
-from shardfs.storage.blocking import WouldBlock, nonblocking
+from shardfs.primitives.blocking import WouldBlock, nonblocking
+from shardfs.primitives.retry import attempts
 
 
 def test_tries_at_once_then_with_growing_pauses(monkeypatch: pytest.MonkeyPatch) -> None:

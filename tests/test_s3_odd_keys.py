@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import zarr
 
-from shardfs.errors import NotFound, UsageError
 from shardfs.fuse.mounts import mount_type
+from shardfs.primitives.blocking import WouldBlock, nonblocking
+from shardfs.primitives.errors import NotFound, UsageError
 from shardfs.storage.base import ABSENT
-from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.storage.s3 import S3Config, S3Storage
 from tests.conftest import Mounted, stop_mount
 from tests.s3 import S3Env

@@ -215,7 +215,7 @@ def test_a_dead_buffers_directory_is_swept_and_a_live_ones_kept(tmp_path: Path) 
 
 def test_a_spool_file_that_vanished_is_an_error(tmp_path: Path) -> None:
     """A spill file must never be made again behind a blob's back (it would read zeros)."""
-    from shardfs.errors import StorageError
+    from shardfs.primitives.errors import StorageError
 
     buffer = WriteBuffer(150, str(tmp_path / "spool"))
     blob = _spilled(buffer, 0x10)[0]

@@ -18,7 +18,8 @@ from typing import Any
 import botocore.exceptions
 import pytest
 
-from shardfs.errors import (
+from shardfs.primitives.blocking import WouldBlock, nonblocking
+from shardfs.primitives.errors import (
     CorruptData,
     NotADirectory,
     NotFound,
@@ -27,7 +28,6 @@ from shardfs.errors import (
     UsageError,
 )
 from shardfs.storage.base import ABSENT
-from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.storage.s3 import MIN_PART, PROBE_DIR, S3Config, S3Storage, parse_url
 from tests.s3 import S3Env
 

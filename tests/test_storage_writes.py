@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from shardfs.errors import NotFound, SourceChanged, StorageError
+from shardfs.primitives.blocking import WouldBlock, nonblocking
+from shardfs.primitives.errors import NotFound, SourceChanged, StorageError
 from shardfs.storage import LocalStorage, journal
 from shardfs.storage.base import ABSENT
-from shardfs.storage.blocking import WouldBlock, nonblocking
 
 REPO = Path(__file__).resolve().parents[1]
 _HEADER = struct.Struct("<4sII")

@@ -51,7 +51,7 @@ from hypothesis.stateful import (
 )
 from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
 
-from shardfs.errors import NotFound
+from shardfs.primitives.errors import NotFound
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, View
 from shardfs.writeback import Handle, Workspace, WriteBuffer

@@ -32,7 +32,6 @@ import zarr
 import zarr.codecs.numcodecs as nc
 from zarr.dtype import VariableLengthBytes
 
-from shardfs.errors import InvalidMetadata, InvalidWrite
 from shardfs.formats import metadata_write as mw
 from shardfs.formats.codecs import (
     NUMCODECS,
@@ -44,6 +43,7 @@ from shardfs.formats.codecs import (
     v3_fill,
 )
 from shardfs.formats.zarr_v2 import Transform, Untranslatable, v2_array
+from shardfs.primitives.errors import InvalidMetadata, InvalidWrite
 from tests.conftest import Mounted, start_mount, stop_mount
 from tests.zarr2 import Zarr2
 

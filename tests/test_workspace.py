@@ -18,7 +18,8 @@ import pytest
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec
 
-from shardfs.errors import (
+from shardfs.primitives.blocking import WouldBlock, may_block, nonblocking
+from shardfs.primitives.errors import (
     AlreadyExists,
     CannotMove,
     InvalidWrite,
@@ -27,7 +28,6 @@ from shardfs.errors import (
     ReadOnly,
 )
 from shardfs.storage import LocalStorage
-from shardfs.storage.blocking import WouldBlock, may_block, nonblocking
 from shardfs.view import Namespace, Node, View
 from shardfs.writeback import Handle, Workspace, WriteBuffer
 

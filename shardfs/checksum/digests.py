@@ -10,8 +10,8 @@ array is therefore hashed again, never answered from old state.
 
 from __future__ import annotations
 
-from shardfs.cache import LruCache
 from shardfs.checksum.hashing import md5_reader
+from shardfs.primitives.cache import LruCache
 from shardfs.view.namespace import Namespace, Node, Role
 
 #: The budget of the digest cache, in bytes (about 64k digests).

@@ -39,8 +39,8 @@ from shardfs.checksum.hashing import (
     piece_size,
 )
 from shardfs.checksum.tree import Digest, DirectoryChecksum, Item
-from shardfs.errors import CorruptData, SourceChanged
 from shardfs.formats.zarr_v2 import Transform
+from shardfs.primitives.errors import CorruptData, SourceChanged
 from shardfs.view.namespace import Namespace
 from shardfs.view.nodes import ChunkRun, Node, Role
 

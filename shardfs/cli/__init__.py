@@ -22,7 +22,6 @@ from collections.abc import Sequence
 
 from shardfs import __version__
 from shardfs.cli import checksum, info, logs, stats
-from shardfs.errors import ShardfsError, UsageError
 from shardfs.fuse.mounts import is_stale, mount_type, open_lock, unmount, wait_for_daemon
 from shardfs.maintenance import (
     DEFAULT_MIN_DEAD,
@@ -33,6 +32,7 @@ from shardfs.maintenance import (
     progress_bar,
 )
 from shardfs.options import MountOptions, parse_options, parse_size
+from shardfs.primitives.errors import ShardfsError, UsageError
 from shardfs.sources import is_local, open_leftovers, open_source, open_view
 from shardfs.storage import Storage
 from shardfs.view.hierarchy import Hierarchy

@@ -14,8 +14,8 @@ from tqdm import tqdm
 
 from shardfs.checksum import Digest, DirectoryChecksum, stored_checksum, virtual_checksum
 from shardfs.cli.options import Commands, MountOptions, add_option_argument, parse_options_for
-from shardfs.errors import ShardfsError, UsageError
 from shardfs.maintenance import progress_bar
+from shardfs.primitives.errors import ShardfsError, UsageError
 from shardfs.sources import open_source, open_storage
 
 #: The `-o` options that mean something here: how to reach S3, and the index cache.

@@ -7,9 +7,9 @@ import json
 import sys
 
 from shardfs.cli.options import Commands, add_option_argument, parse_options_for
-from shardfs.errors import UsageError
 from shardfs.maintenance import progress_bar
 from shardfs.maintenance.info import survey
+from shardfs.primitives.errors import UsageError
 from shardfs.sources import open_source
 
 #: The `-o` options that mean something here: how to reach S3.

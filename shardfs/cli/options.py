@@ -7,8 +7,8 @@ import argparse
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from shardfs.errors import UsageError
 from shardfs.options import MountOptions, parse_options
+from shardfs.primitives.errors import UsageError
 
 
 class Commands(Protocol):

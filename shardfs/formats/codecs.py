@@ -27,8 +27,8 @@ import crc32c
 import numcodecs
 import numpy as np
 
-from shardfs.errors import CorruptData, InvalidMetadata
 from shardfs.formats.shard_index import normalize_codec
+from shardfs.primitives.errors import CorruptData, InvalidMetadata
 
 #: v3 data type name -> numpy kind and item size.
 DATA_TYPES: dict[str, str] = {

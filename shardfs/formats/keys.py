@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shardfs.errors import InvalidMetadata
+from shardfs.primitives.errors import InvalidMetadata
 
 
 def parse_index(text: str) -> int | None:

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from shardfs.errors import InvalidMetadata, InvalidWrite
 from shardfs.formats import ome
 from shardfs.formats.codecs import (
     V2_FIELD,
@@ -45,6 +44,7 @@ from shardfs.formats.zarr_v3 import (
     render,
     sharded_layout,
 )
+from shardfs.primitives.errors import InvalidMetadata, InvalidWrite
 
 #: Fields of an array's metadata a writer may change through the view.
 MUTABLE = frozenset({"attributes", "shape", "dimension_names"})

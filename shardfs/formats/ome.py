@@ -41,7 +41,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from shardfs.errors import InvalidWrite
+from shardfs.primitives.errors import InvalidWrite
 
 #: The OME objects, under `ome` in 0.5 and at the top level of `.zattrs` in 0.4.
 OME_KEYS = frozenset(

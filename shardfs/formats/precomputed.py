@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfs.errors import CorruptData, InvalidMetadata
+from shardfs.primitives.errors import CorruptData, InvalidMetadata
 
 INFO = "info"
 VOLUME_TYPE = "neuroglancer_multiscale_volume"

@@ -14,7 +14,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from shardfs.errors import CorruptData, InvalidMetadata
+from shardfs.primitives.errors import CorruptData, InvalidMetadata
 
 #: Offset and nbytes both equal to this mark an empty inner chunk.
 EMPTY = np.uint64(2**64 - 1)

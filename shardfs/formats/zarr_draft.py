@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from shardfs.errors import InvalidMetadata
 from shardfs.formats.keys import parse_index
+from shardfs.primitives.errors import InvalidMetadata
 
 #: `zarr_format` and `metadata_encoding` of the draft entry point.
 DRAFT_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from shardfs.errors import InvalidMetadata
 from shardfs.formats import ome
 from shardfs.formats.codecs import (
     V2_FIELD,
@@ -51,6 +50,7 @@ from shardfs.formats.codecs import (
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.shard_index import normalize_codec
 from shardfs.formats.zarr_v3 import transpose_order
+from shardfs.primitives.errors import InvalidMetadata
 
 ZARRAY, ZGROUP, ZATTRS, ZMETADATA = ".zarray", ".zgroup", ".zattrs", ".zmetadata"
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from shardfs.errors import CorruptData, InvalidMetadata
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.shard_index import IndexCodec, check_entries, normalize_codec
+from shardfs.primitives.errors import CorruptData, InvalidMetadata
 
 SHARDING = "sharding_indexed"
 

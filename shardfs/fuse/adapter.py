@@ -2,7 +2,7 @@
 
 This is the only place that knows about FUSE. Every handler runs its core
 call first on the event loop in non-blocking mode and, if that would wait for
-I/O, again in a worker thread (see `shardfs.storage.blocking`); it turns core
+I/O, again in a worker thread (see `shardfs.primitives.blocking`); it turns core
 exceptions into errno values in `_errors`, so no exception can end the main
 loop.
 """
@@ -26,7 +26,9 @@ import pyfuse3
 import trio
 
 from shardfs.checksum.digests import ChunkDigests
-from shardfs.errors import (
+from shardfs.fuse.inodes import InodeTable
+from shardfs.primitives.blocking import WouldBlock, nonblocking
+from shardfs.primitives.errors import (
     AlreadyExists,
     AttributesFixed,
     BadHandle,
@@ -45,8 +47,6 @@ from shardfs.errors import (
     StorageError,
     Unimplemented,
 )
-from shardfs.fuse.inodes import InodeTable
-from shardfs.storage.blocking import WouldBlock, nonblocking
 from shardfs.view import Attr, Node
 from shardfs.view.interface import Opened, OpenFile, ViewInterface, Writes
 from shardfs.view.nodes import ChunkRun, Listing

@@ -19,11 +19,11 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
-from shardfs.errors import ShardfsError
 from shardfs.fuse import control
 from shardfs.fuse.adapter import MountConfig, Operations
 from shardfs.fuse.mounts import DaemonLock, mount_type
 from shardfs.fuse.notify import notify
+from shardfs.primitives.errors import ShardfsError
 from shardfs.view import Namespace
 from shardfs.view.precomputed import PrecomputedNamespace
 from shardfs.writeback import Workspace

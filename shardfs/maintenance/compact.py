@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from shardfs.errors import CorruptData, SourceChanged, StorageError
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.shard_write import whole_shard
 from shardfs.formats.zarr_v3 import ShardLevel
@@ -34,7 +33,8 @@ from shardfs.maintenance.scan import (
     display,
     find_shards,
 )
-from shardfs.retry import attempts
+from shardfs.primitives.errors import CorruptData, SourceChanged, StorageError
+from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Storage
 
 #: Rewrite a shard only if more than this fraction of it is dead. At 0.5 a rewrite copies at

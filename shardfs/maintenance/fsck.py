@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from shardfs.errors import CorruptData, StorageError
 from shardfs.maintenance.progress import quiet, walked
 from shardfs.maintenance.report import format_size, table
 from shardfs.maintenance.scan import (
@@ -25,6 +24,7 @@ from shardfs.maintenance.scan import (
     display,
     find_shards,
 )
+from shardfs.primitives.errors import CorruptData, StorageError
 from shardfs.storage.base import Storage
 
 

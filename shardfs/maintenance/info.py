@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from shardfs.errors import CorruptData, InvalidMetadata, StorageError
 from shardfs.formats import ome
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.zarr_v3 import ShardedLayout, Unshardable, plain_layout, sharded_layout
@@ -34,6 +33,7 @@ from shardfs.maintenance.scan import (
     find_nodes,
     shard_keys,
 )
+from shardfs.primitives.errors import CorruptData, InvalidMetadata, StorageError
 from shardfs.storage.base import Storage
 
 

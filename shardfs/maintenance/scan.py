@@ -15,14 +15,6 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from shardfs.errors import (
-    CorruptData,
-    InvalidMetadata,
-    NotADirectory,
-    NotFound,
-    SourceChanged,
-    StorageError,
-)
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.zarr_v3 import (
     ShardedLayout,
@@ -32,7 +24,15 @@ from shardfs.formats.zarr_v3 import (
     sharded_layout,
 )
 from shardfs.maintenance.progress import quiet
-from shardfs.retry import attempts
+from shardfs.primitives.errors import (
+    CorruptData,
+    InvalidMetadata,
+    NotADirectory,
+    NotFound,
+    SourceChanged,
+    StorageError,
+)
+from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Entry, Stat, Storage
 from shardfs.view.hierarchy import ZarrV3, join, open_hierarchy
 

@@ -2,7 +2,7 @@
 
 Keys are `/`-separated paths relative to the source root ("" is the root).
 Calls block and may come from several threads at once, so backends must be
-thread-safe. Inside `shardfs.storage.blocking.nonblocking()` a backend must
+thread-safe. Inside `shardfs.primitives.blocking.nonblocking()` a backend must
 not wait for I/O: it raises `WouldBlock` instead (see that module). Nothing
 above this layer knows which backend it talks to.
 """

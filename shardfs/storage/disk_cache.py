@@ -45,7 +45,7 @@ from collections.abc import Callable
 import crc32c
 import diskcache
 
-from shardfs.errors import CorruptData
+from shardfs.primitives.errors import CorruptData
 
 log = logging.getLogger("shardfs")
 

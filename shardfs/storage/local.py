@@ -20,10 +20,16 @@ from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from shardfs.errors import CorruptData, NotADirectory, NotFound, SourceChanged, StorageError
+from shardfs.primitives.blocking import WouldBlock, check_may_block, may_block
+from shardfs.primitives.errors import (
+    CorruptData,
+    NotADirectory,
+    NotFound,
+    SourceChanged,
+    StorageError,
+)
 from shardfs.storage import journal
 from shardfs.storage.base import ABSENT, Entry, Pin, RequestCounts, Stat, Storage
-from shardfs.storage.blocking import WouldBlock, check_may_block, may_block
 
 log = logging.getLogger("shardfs")
 

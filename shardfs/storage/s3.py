@@ -55,8 +55,9 @@ import botocore.exceptions
 from botocore import UNSIGNED
 from botocore.config import Config
 
-from shardfs.cache import LruCache
-from shardfs.errors import (
+from shardfs.primitives.blocking import check_may_block, may_block
+from shardfs.primitives.cache import LruCache
+from shardfs.primitives.errors import (
     CorruptData,
     NotADirectory,
     NotFound,
@@ -64,9 +65,8 @@ from shardfs.errors import (
     StorageError,
     UsageError,
 )
-from shardfs.retry import attempts
+from shardfs.primitives.retry import attempts
 from shardfs.storage.base import ABSENT, Entry, RequestCounts, Stat, Storage
-from shardfs.storage.blocking import check_may_block, may_block
 from shardfs.storage.disk_cache import DiskCache
 
 log = logging.getLogger("shardfs")

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from shardfs.cache import LruCache
-from shardfs.errors import (
+from shardfs.primitives.cache import LruCache
+from shardfs.primitives.errors import (
     CorruptData,
     NotADirectory,
     NotFound,
@@ -26,7 +26,7 @@ from shardfs.errors import (
     SourceChanged,
     StorageError,
 )
-from shardfs.retry import attempts
+from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Pin, Stat, Storage
 from shardfs.view.hierarchy import join
 from shardfs.view.nodes import Attr, Node

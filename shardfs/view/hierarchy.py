@@ -14,11 +14,17 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from shardfs.errors import InvalidMetadata, NotADirectory, NotFound, SourceChanged, StorageError
 from shardfs.formats import zarr_draft
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v3 import parse_node
-from shardfs.retry import attempts
+from shardfs.primitives.errors import (
+    InvalidMetadata,
+    NotADirectory,
+    NotFound,
+    SourceChanged,
+    StorageError,
+)
+from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Stat, Storage
 
 METADATA = "zarr.json"

@@ -90,7 +90,7 @@ class ViewInterface(Protocol):
 
 class Writes(Protocol):
     """The write side of a read-write view. Every call does its I/O before it changes any
-    state, so a front end may retry it (see `shardfs.storage.blocking`)."""
+    state, so a front end may retry it (see `shardfs.primitives.blocking`)."""
 
     def open(self, node: Node, flags: int) -> OpenFile:
         """A reader, or a `WriteHandle` where `flags` ask for writing."""

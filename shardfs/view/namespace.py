@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import logging
 
-from shardfs.cache import LruCache
-from shardfs.errors import (
+from shardfs.formats.zarr_v2 import (
+    Transform,
+)
+from shardfs.primitives.cache import LruCache
+from shardfs.primitives.errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
     SourceChanged,
     StorageError,
 )
-from shardfs.formats.zarr_v2 import (
-    Transform,
-)
-from shardfs.retry import attempts
+from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Storage
 from shardfs.view.base import Chunk, Reader, SourceView, entry_path
 from shardfs.view.hierarchy import Hierarchy, ZarrV3

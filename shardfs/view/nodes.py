@@ -17,10 +17,10 @@ from enum import Enum, auto
 
 import numpy as np
 
-from shardfs.errors import CorruptData
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v2 import V2Array
 from shardfs.formats.zarr_v3 import ShardedLayout
+from shardfs.primitives.errors import CorruptData
 from shardfs.storage.base import Stat
 from shardfs.view.hierarchy import join
 from shardfs.view.readahead import HasExtents

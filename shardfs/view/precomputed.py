@@ -30,16 +30,6 @@ from functools import cached_property
 
 import numpy as np
 
-from shardfs.cache import LruCache
-from shardfs.errors import (
-    CorruptData,
-    InvalidMetadata,
-    IsADirectory,
-    NotADirectory,
-    NotFound,
-    SourceChanged,
-    StorageError,
-)
 from shardfs.formats.precomputed import (
     GZIP_MIN,
     INFO,
@@ -50,7 +40,17 @@ from shardfs.formats.precomputed import (
     is_volume,
     parse_info,
 )
-from shardfs.retry import attempts
+from shardfs.primitives.cache import LruCache
+from shardfs.primitives.errors import (
+    CorruptData,
+    InvalidMetadata,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+    SourceChanged,
+    StorageError,
+)
+from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Entry, Stat, Storage
 from shardfs.view.base import (
     Chunk,

@@ -27,8 +27,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from enum import Enum
 
-from shardfs.cache import LruCache
-from shardfs.errors import InvalidMetadata, NotFound, SourceChanged, StorageError
 from shardfs.formats import ome
 from shardfs.formats.zarr_v2 import (
     ZARRAY,
@@ -43,7 +41,9 @@ from shardfs.formats.zarr_v2 import (
 )
 from shardfs.formats.zarr_v3 import Unshardable, level_slots, plain_layout, sharded_layout
 from shardfs.formats.zarr_v3 import render as render_v3
-from shardfs.retry import attempts
+from shardfs.primitives.cache import LruCache
+from shardfs.primitives.errors import InvalidMetadata, NotFound, SourceChanged, StorageError
+from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Entry, Storage
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, join
 from shardfs.view.nodes import ArrayView, Attr, GroupView, Node, NodeView, Role

@@ -46,10 +46,10 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from shardfs.cache import LruCache
 from shardfs.formats.shard_index import EMPTY
+from shardfs.primitives.blocking import WouldBlock, may_block
+from shardfs.primitives.cache import LruCache
 from shardfs.storage.base import Pin, Stat, Storage
-from shardfs.storage.blocking import WouldBlock, may_block
 
 #: The first fetch from a shard: small, as one chunk may be all a reader wants.
 #: (At least the store's `request_cost`: up to that, more bytes cost less than

@@ -17,9 +17,9 @@ from collections.abc import Callable, Hashable
 import crc32c
 import numpy as np
 
-from shardfs.cache import LruCache
-from shardfs.errors import CorruptData, MissingChunk, NotADirectory, NotFound
 from shardfs.formats.shard_index import EMPTY
+from shardfs.primitives.cache import LruCache
+from shardfs.primitives.errors import CorruptData, MissingChunk, NotADirectory, NotFound
 from shardfs.storage.base import Entry, Pin, Stat, Storage
 from shardfs.view.base import latest, verified
 from shardfs.view.hierarchy import join

@@ -31,8 +31,8 @@ import threading
 import time
 from collections import OrderedDict
 
-from shardfs.errors import StorageError
-from shardfs.storage.blocking import check_may_block
+from shardfs.primitives.blocking import check_may_block
+from shardfs.primitives.errors import StorageError
 
 log = logging.getLogger("shardfs")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from shardfs.errors import InvalidMetadata, InvalidWrite, ReadOnly
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v2 import ZARRAY, ZATTRS, ZGROUP, ZMETADATA, Transform
 from shardfs.formats.zarr_v3 import parse_node
+from shardfs.primitives.errors import InvalidMetadata, InvalidWrite, ReadOnly
 from shardfs.view.hierarchy import METADATA, NodeDoc, join
 from shardfs.view.namespace import ArrayView, Namespace, Node, Role
 from shardfs.view.presentation import View

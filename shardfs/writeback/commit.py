@@ -26,13 +26,19 @@ from typing import Protocol
 
 import numpy as np
 
-from shardfs.errors import CorruptData, InvalidWrite, ReadOnly, SourceChanged, StorageError
 from shardfs.formats.shard_index import EMPTY
 from shardfs.formats.shard_write import Buffer, ShardUpdate, append_update, whole_shard
 from shardfs.formats.zarr_v3 import ShardLevel
-from shardfs.retry import attempts
+from shardfs.primitives.blocking import WouldBlock, may_block
+from shardfs.primitives.errors import (
+    CorruptData,
+    InvalidWrite,
+    ReadOnly,
+    SourceChanged,
+    StorageError,
+)
+from shardfs.primitives.retry import attempts
 from shardfs.storage.base import ABSENT, Stat
-from shardfs.storage.blocking import WouldBlock, may_block
 from shardfs.view.namespace import ArrayView, Namespace
 from shardfs.writeback.overlay import Buffered, Entry, Overlay, ShardRef
 

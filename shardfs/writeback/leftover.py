@@ -42,8 +42,8 @@ import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 
-from shardfs.errors import ShardfsError, StorageError
 from shardfs.formats.shard_write import Buffer
+from shardfs.primitives.errors import ShardfsError, StorageError
 from shardfs.view.hierarchy import join
 from shardfs.view.presentation import View
 from shardfs.writeback.overlay import Buffered, Kind, ShardRef, Whiteout

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from shardfs.cache import LruCache
-from shardfs.errors import NotFound
+from shardfs.primitives.cache import LruCache
+from shardfs.primitives.errors import NotFound
 from shardfs.view.base import SourceView
 from shardfs.view.hierarchy import join
 from shardfs.view.namespace import Attr, Namespace, Node, Role

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from shardfs.errors import NotFound
+from shardfs.primitives.errors import NotFound
 from shardfs.view.hierarchy import join
 from shardfs.writeback.buffer import Blob
 

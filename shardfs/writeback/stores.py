@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 
-from shardfs.errors import IsADirectory, NotFound
 from shardfs.formats import metadata_write as mw
 from shardfs.formats import ome
 from shardfs.formats.zarr_v2 import ZARRAY
 from shardfs.formats.zarr_v3 import render
+from shardfs.primitives.errors import IsADirectory, NotFound
 from shardfs.storage.base import ABSENT
 from shardfs.view.hierarchy import METADATA, join
 from shardfs.view.namespace import Namespace

@@ -32,7 +32,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shardfs.errors import (
+from shardfs.primitives.blocking import WouldBlock, may_block
+from shardfs.primitives.errors import (
     AlreadyExists,
     CannotMove,
     InvalidWrite,
@@ -43,7 +44,6 @@ from shardfs.errors import (
     ReadOnly,
     ShardfsError,
 )
-from shardfs.storage.blocking import WouldBlock, may_block
 from shardfs.view.base import Reader
 from shardfs.view.hierarchy import join
 from shardfs.view.namespace import Attr, Namespace, Node, Role

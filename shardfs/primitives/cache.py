@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from shardfs.storage.blocking import WouldBlock, may_block
+from shardfs.primitives.blocking import WouldBlock, may_block
 
 V = TypeVar("V")
 

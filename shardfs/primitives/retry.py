@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import Iterator
 
-from shardfs.storage.blocking import WouldBlock, may_block
+from shardfs.primitives.blocking import WouldBlock, may_block
 
 #: Tries of one operation, the first included.
 ATTEMPTS = 8
@@ -45,7 +45,7 @@ def attempts(
     """The numbers 0, 1, ... of `tries` tries: the first `at_once` tries again at once,
     then each after a pause twice as long as the last, from `first` up to `longest`, with
     jitter so that processes that collided do not collide again. A pause where waiting
-    is not allowed (the event loop, see `shardfs.storage.blocking`) raises WouldBlock:
+    is not allowed (the event loop, see `shardfs.primitives.blocking`) raises WouldBlock:
     the caller's thread tries again."""
     for attempt in range(tries):
         if attempt > at_once:
