@@ -22,7 +22,7 @@ from tests.zarr2 import Zarr2, ensure_newest_zarr, ensure_zarr2
 
 #: The S3 fixtures (`moto_server`, `s3`) live with the server and proxy they manage; `src`
 #: (an empty source on each backend) with the backends.
-pytest_plugins = ["tests.s3", "tests.backends"]
+pytest_plugins = ["tests.s3", "tests.backends", "tests.users"]
 
 
 @dataclass

@@ -1,0 +1,99 @@
+"""Local state that belongs to the daemon's user alone: its directories and files.
+
+Why: a daemon keeps state on a host that many users share (the disk cache, the
+runtime directory with its lock files and stats socket, the write spool). If
+another user can write such a directory, that user can swap what the daemon
+reads back, plant a symlink where it writes, or read what it caches. So, as
+OpenSSH's StrictModes does for `~/.ssh`, a directory is used only if it is a
+real directory (not a symlink) owned by the daemon's effective user and
+writable by nobody else, and every directory above it is owned by that user or
+root and writable by nobody else unless sticky (as /tmp is: others may add
+entries there, but not rename or remove ours). What shardfs makes itself is
+0700 (directories) and 0600 (files) whatever the umask, and files are opened
+without following symlinks.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from shardfs.primitives.errors import ShardfsError
+
+#: Modes of what shardfs creates.
+DIR_MODE, FILE_MODE = 0o700, 0o600
+
+
+class UnsafeState(ShardfsError):
+    """A directory for local state that another user controls (or could): refused.
+
+    Its message is one line naming the path and the reason."""
+
+
+def private_dir(path: str) -> str:
+    """`path` as an absolute path, made (mode 0700, with any missing parents) if missing.
+    UnsafeState if it, or a directory above it, is not the daemon user's alone."""
+    path = os.path.abspath(path)
+    missing = []
+    probe = path
+    while not os.path.lexists(probe):
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            pass  # made meanwhile (another daemon): checked below like any existing one
+        except OSError as e:
+            raise UnsafeState(f"{directory}: cannot create it: {e.strerror}") from None
+        else:
+            os.chmod(directory, DIR_MODE)  # the umask may have taken bits away, never added
+    check_private_dir(path)
+    return path
+
+
+def check_private_dir(path: str) -> None:
+    """UnsafeState unless `path` is a directory only the daemon's user can change (see
+    the module docstring)."""
+    uid = os.geteuid()
+    try:
+        info = os.lstat(path)
+    except OSError as e:
+        raise UnsafeState(f"{path}: {e.strerror}") from None
+    reason = _unsafe(info, uid, sticky_ok=False)
+    if reason:
+        raise UnsafeState(f"{path}: {reason}; refused (another user could change it)")
+    parent = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            info = os.stat(parent)
+        except OSError as e:
+            raise UnsafeState(f"{parent} (above {path}): {e.strerror}") from None
+        reason = _unsafe(info, uid, sticky_ok=True, root_ok=True)
+        if reason:
+            raise UnsafeState(
+                f"{path}: the directory {parent} above it {reason}; "
+                "refused (another user could replace it)"
+            )
+        if parent == "/":
+            return
+        parent = os.path.dirname(parent)
+
+
+def _unsafe(info: os.stat_result, uid: int, sticky_ok: bool, root_ok: bool = False) -> str:
+    """Why a directory with `info` is not safe for state of user `uid`; "" if it is."""
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if info.st_uid != uid and not (root_ok and info.st_uid == 0):
+        return f"is owned by uid {info.st_uid}, not by the daemon's user (uid {uid})"
+    if info.st_mode & 0o022 and not (sticky_ok and info.st_mode & stat.S_ISVTX):
+        return f"is writable by group or others (mode {stat.S_IMODE(info.st_mode):04o})"
+    return ""
+
+
+def open_private(path: str, flags: int, dir_fd: int | None = None) -> int:
+    """`os.open` of a file of private state: never through a symlink, mode 0600 if it is
+    created, not inherited by children."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
