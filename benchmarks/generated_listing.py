@@ -41,7 +41,7 @@ class GeneratedCopy(Storage):
         self.documents = documents
         self.rows = rows
 
-    def list(self, key: str) -> list[Entry]:
+    def _list(self, key: str) -> list[Entry]:
         parts = key.split("/") if key else []
         if not parts:
             return [self._file("zarr.json", len(self.documents["zarr.json"])), self._dir(ARRAY)]
@@ -60,14 +60,14 @@ class GeneratedCopy(Storage):
     def _file(name: str, size: int) -> Entry:
         return Entry(name, Stat(False, size, 0, name))
 
-    def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
+    def _read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
         data = self.documents.get(key)
         if data is None:
             i, j, k = (int(n) for n in key.split("/")[2:])
             data = bytes([value(i, j, k)])
         return data[offset : offset + length]
 
-    def stat(self, key: str) -> Stat | None:
+    def _stat(self, key: str) -> Stat | None:
         raise NotImplementedError
 
     def describe(self, key: str) -> str:

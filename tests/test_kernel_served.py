@@ -11,6 +11,8 @@ shows through the mount within `cache_timeout`.
 from __future__ import annotations
 
 import collections
+import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -20,7 +22,7 @@ import numpy as np
 import pytest
 import zarr
 
-from shardfs.fuse.adapter import INODE_AS_FH
+from shardfs.fuse.adapter import INODE_AS_FH, INODE_READERS
 from tests.conftest import Mounted
 
 pytestmark = [
@@ -134,4 +136,115 @@ def test_a_changed_source_shows_within_the_cache_timeout(
     took = wait_for(lambda: len(list(leaf.iterdir())) == 10, within=6)
     np.testing.assert_array_equal(read_back(mounted.path), changed)
     assert took < 6
+    assert "ERROR" not in mounted.log(), mounted.log()
+
+
+# -- one version per file: as the kernel was shown it, whole (issue 31) -----------------------
+
+
+def shard_chunk(shard: bytes, count: int, i: int) -> bytes:
+    """Chunk `i` of a shard of `count` chunks with its index at the end (crc32c after it)."""
+    index = np.frombuffer(shard[-(16 * count + 4) : -4], "<u8").reshape(count, 2)
+    offset, nbytes = (int(v) for v in index[i])
+    return shard[offset : offset + nbytes]
+
+
+def one_pass(path: Path, others: Callable[[], None] = lambda: None, piece: int = 1 << 16) -> bytes:
+    """One pass over `path` in pieces, with the kernel's read-ahead off; `others()` runs
+    after the first piece (a change of the source, other readers)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        data = os.pread(fd, piece, 0)
+        others()
+        while piece_read := os.pread(fd, piece, len(data)):
+            data += piece_read
+    finally:
+        os.close(fd)
+    return data
+
+
+def test_a_file_shown_then_replaced_is_read_as_shown(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    """A chunk file stat'ed and listed (the kernel holds its size), whose shard zarr-python
+    then replaces with a bigger chunk, reads as the version the kernel was shown: whole,
+    never the new bytes cut at the old size."""
+    source = tmp_path / "src"
+    array = zarr.create_array(source, shape=(64,), chunks=(16,), shards=(64,), dtype="int32")
+    array[...] = np.ones(64, "int32")
+    old = shard_chunk((source / "c" / "0").read_bytes(), 4, 0)
+    mounted = mount(source, "ro")
+    assert (mounted.path / "c" / "0").stat().st_size == len(old)
+    assert len(list((mounted.path / "c").iterdir())) == 4
+    array[...] = np.random.default_rng(1).integers(0, 2**31, 64, dtype="int32")
+    new = shard_chunk((source / "c" / "0").read_bytes(), 4, 0)
+    assert len(new) > len(old)
+    assert (mounted.path / "c" / "0").read_bytes() == old
+    assert "ERROR" not in mounted.log(), mounted.log()
+
+
+def test_one_pass_is_one_version_however_many_files_are_read_meanwhile(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    """A pass over a 1 MiB chunk file whose shard zarr-python renames a new one over, while
+    more other files are read than the daemon keeps readers: the old version, whole."""
+    source, n = tmp_path / "src", 1 << 18
+    zarr.create_group(source)
+    big = zarr.create_array(
+        source / "big", shape=(2 * n,), chunks=(n,), shards=(2 * n,), dtype="int32",
+        compressors=None,
+    )  # fmt: skip
+    big[...] = 1
+    many = zarr.create_array(
+        source / "many", shape=(4 * 400,), chunks=(4,), shards=(4 * 400,), dtype="int32"
+    )
+    many[...] = np.arange(4 * 400, dtype="int32")
+    mounted = mount(source, "ro")
+    chunks = sorted((mounted.path / "many" / "c").iterdir(), key=lambda p: int(p.name))
+
+    def meanwhile() -> None:
+        big[...] = 2
+        for path in chunks[: INODE_READERS + 50]:
+            path.read_bytes()
+
+    data = one_pass(mounted.path / "big" / "c" / "0", meanwhile)
+    assert set(np.frombuffer(data, "<i4").tolist()) == {1}
+    assert len(data) == 4 * n
+    assert "ERROR" not in mounted.log(), mounted.log()
+
+
+def set_attributes(path: Path, tag: str, n: int) -> None:
+    """zarr-python rewrites the node's zarr.json (a rename over it) with a big attribute."""
+    node = zarr.open(path, mode="r+")
+    node.attrs.update({"blob": tag * n})
+
+
+@pytest.mark.parametrize("node", ["sharded array", "group"])
+def test_documents_are_one_version_per_pass(
+    tmp_path: Path, mount: Callable[..., Mounted], node: str
+) -> None:
+    """The zarr.json the view renders for a sharded array, and a group's zarr.json passed
+    through: a pass during which its attributes change gives the old document whole; a
+    document stat'ed and then changed to a longer one reads as it was shown."""
+    source = tmp_path / "src"
+    zarr.create_group(source)
+    for name in ("a", "b"):
+        if node == "group":
+            zarr.create_group(source / name)
+        else:
+            zarr.create_array(source / name, shape=(64,), chunks=(8,), shards=(32,), dtype="int32")
+        set_attributes(source / name, "x", 600_000)
+    mounted = mount(source, "ro")
+
+    document = one_pass(
+        mounted.path / "a" / "zarr.json", lambda: set_attributes(source / "a", "y", 600_000)
+    )
+    assert json.loads(document)["attributes"]["blob"] == "x" * 600_000
+
+    shown = (mounted.path / "b" / "zarr.json").stat().st_size
+    set_attributes(source / "b", "z", 700_000)
+    document = (mounted.path / "b" / "zarr.json").read_bytes()
+    assert len(document) == shown
+    assert json.loads(document)["attributes"]["blob"] == "x" * 600_000
     assert "ERROR" not in mounted.log(), mounted.log()

@@ -13,6 +13,7 @@ import errno
 import os
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +259,58 @@ def test_mount_errors_are_clear(s3: S3Env, tmp_path: Path) -> None:
             timeout=60,
         )
         assert done.returncode == 1 and expected in done.stderr, done.stderr
+
+
+def test_kernel_served_reads_never_mix_or_cut_a_replaced_object(s3: S3Env, mount) -> None:
+    """A kernel-served S3 mount whose daemon learns of changes at once (`metadata_ttl=0.1`):
+    a pass over a chunk during which its shard object is replaced whole, while more
+    other files are read than the daemon keeps readers, gives the old version whole or
+    fails; a chunk stat'ed and then replaced by a longer one fails once (its old version
+    is gone), and the next read gives the new version whole."""
+    from shardfs.fuse.adapter import INODE_AS_FH, INODE_READERS
+    from tests.test_kernel_served import one_pass
+
+    if not INODE_AS_FH:
+        pytest.skip("this pyfuse3 lacks the patch in patches/ (bash scripts/setup builds it)")
+    n = 1 << 18
+    group = zarr.open_group(s3.zarr_store("src"), mode="a")
+    big = group.create_array("big", shape=(2 * n,), chunks=(n,), shards=(2 * n,), dtype="int32",
+                             compressors=None)  # fmt: skip
+    big[...] = 1
+    many = group.create_array("many", shape=(4 * 400,), chunks=(4,), shards=(4 * 400,),
+                              dtype="int32")  # fmt: skip
+    many[...] = np.arange(4 * 400, dtype="int32")
+    small = group.create_array("small", shape=(64,), chunks=(16,), shards=(64,), dtype="int32")
+    small[...] = np.ones(64, "int32")
+    mounted: Mounted = mount(
+        s3.url("src"), *s3.mount_options(), "ro", "metadata_ttl=0.1", "read_cache=0", "debug"
+    )
+    others = sorted((mounted.path / "many" / "c").iterdir(), key=lambda p: int(p.name))
+
+    def meanwhile() -> None:
+        big[...] = 2  # a new object (ETag) of the shard
+        for path in others[: INODE_READERS + 50]:
+            path.read_bytes()
+
+    try:
+        data = one_pass(mounted.path / "big" / "c" / "0", meanwhile)
+    except OSError as e:
+        assert e.errno == errno.EIO
+    else:
+        assert set(np.frombuffer(data, "<i4").tolist()) == {1} and len(data) == 4 * n
+
+    chunk = mounted.path / "small" / "c" / "0"
+    shown = chunk.stat().st_size
+    small[...] = np.random.default_rng(1).integers(0, 2**31, 64, dtype="int32")
+    time.sleep(0.3)  # past metadata_ttl: the daemon knows of the new object
+    with pytest.raises(OSError) as failed:
+        chunk.read_bytes()
+    assert failed.value.errno == errno.EIO
+    new = chunk.read_bytes()
+    assert len(new) > shown
+    assert zarr.open_array(mounted.path / "small", mode="r")[...].tolist() == small[...].tolist()
+    errors = [line for line in mounted.log().splitlines() if "ERROR" in line]
+    assert (
+        len(errors) == 1
+        and "small/c/0 changed after the kernel was given its size; reads fail" in errors[0]
+    ), errors

@@ -47,9 +47,11 @@ from shardfs.primitives.errors import (
     StorageError,
     Unimplemented,
 )
+from shardfs.storage.base import Stat
 from shardfs.view import Attr, Node
 from shardfs.view.interface import Opened, OpenFile, ViewInterface, Writes
 from shardfs.view.nodes import ChunkRun, Listing
+from shardfs.view.shown import KernelVersions, Shown
 
 log = logging.getLogger("shardfs")
 
@@ -184,9 +186,11 @@ def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 #: Whether this pyfuse3 hands read and readdir the inode when the kernel sends fh 0 (the
 #: patch in patches/, which scripts/setup builds): what kernel-served mounts need.
 INODE_AS_FH: bool = getattr(pyfuse3, "SHARDFS_INODE_AS_FH", False)
-#: Readers a kernel-served mount keeps, one per inode, the least recently used closed
-#: beyond this (each may hold a descriptor and a chunk's bytes); the kernel's page cache
-#: serves re-reads, so a reader mostly serves one pass over its file.
+#: Readers a kernel-served mount keeps, one per inode while a pass over its file is under
+#: way (each may hold a descriptor and a chunk's bytes), the least recently used closed
+#: beyond this; a reader is closed when its pass reaches the end of its file, since the
+#: kernel's page cache serves re-reads. One dropped early is opened again as of the same
+#: show (see `shardfs.view.shown`), so the budget costs time, never a mixed pass.
 INODE_READERS = 256
 #: Listings a kernel-served mount keeps while the kernel reads them, one per directory.
 INODE_LISTINGS = 64
@@ -238,6 +242,17 @@ class _ByInode(Generic[V]):
             self._close(inode, item)
 
 
+@dataclass
+class _Pass:
+    """A reader of a kernel-served file while a pass over it is under way, with the show
+    it reads as of and the size it serves."""
+
+    reader: Opened
+    path: str
+    shown: Shown | None
+    size: int
+
+
 class Operations(pyfuse3.Operations):
     """The FUSE file system over a view: read-only, or read-write where `view.writes` is.
 
@@ -265,7 +280,13 @@ class Operations(pyfuse3.Operations):
         self._listings: dict[int, Listing] = {}
         self._windows: dict[int, _Window] = {}
         # kernel-served mounts: by inode, since the kernel sends no file handles
-        self._readers: _ByInode[Opened] = _ByInode(INODE_READERS, lambda _, r: r.close())
+        self._readers: _ByInode[_Pass] = _ByInode(INODE_READERS, lambda _, p: p.reader.close())
+        #: what the kernel of a kernel-served mount was shown of each file
+        self.versions = (
+            KernelVersions(view.storage, config.cache_timeout) if config.kernel_served else None
+        )
+        #: the show whose reads last failed, by inode: logged once
+        self._failed_shows: dict[int, int] = {}
         # a listing's window of prepared rows goes with it
         self._dir_listings: _ByInode[Listing] = _ByInode(
             INODE_LISTINGS, lambda inode, _: self._windows.pop(inode, None)
@@ -330,12 +351,45 @@ class Operations(pyfuse3.Operations):
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = attr.mtime_ns
         return entry
 
-    def _reply(self, node: Node, attr: Attr) -> pyfuse3.EntryAttributes:
-        """The entry of a node the kernel now holds one more reference to."""
+    def _reply(
+        self, node: Node, attr: Attr, seen: dict[str, Stat | None] | None = None
+    ) -> pyfuse3.EntryAttributes:
+        """The entry of a node the kernel now holds one more reference to; `seen`, the
+        versions its attributes come from, is recorded as shown (kernel-served mounts)."""
         ino = self.inodes.assign(node)
         self.inodes.ref(ino)
         self._keep_budget()
+        if seen is not None:
+            attr = self._shown(ino, attr, seen)
         return self._entry(ino, attr)
+
+    async def _recorded(
+        self, fn: Callable[..., T], *args: Any
+    ) -> tuple[T, dict[str, Stat | None] | None]:
+        """`fn(*args)` through `_run`, with the versions of the source it consulted if the
+        kernel is to be shown its result (kernel-served mounts), else None."""
+        if self.versions is None:
+            return await self._run(fn, *args), None
+        storage = self.versions.storage
+
+        def call() -> tuple[T, dict[str, Stat | None]]:
+            with storage.recording() as seen:
+                return fn(*args), seen
+
+        return await self._run(call)
+
+    def _shown(self, ino: int, attr: Attr, seen: dict[str, Stat | None]) -> Attr:
+        """The attributes of file `ino` to give the kernel, recorded as shown; while a pass
+        over the file is under way, those of the version it reads, whatever the source
+        holds now (the kernel would otherwise drop the pass's pages, or cut it)."""
+        assert self.versions is not None
+        if attr.is_dir:
+            return attr
+        live = self._readers.get(ino)
+        if live is not None:
+            return live.reader.attr()
+        self.versions.show(seen, inode=ino)
+        return attr
 
     def _keep_budget(self) -> None:
         """Ask the kernel to forget the oldest inodes beyond the table's budget (its
@@ -361,9 +415,10 @@ class Operations(pyfuse3.Operations):
             attr = await self._run(self.view.attr, node)
         else:
             try:
-                node, attr = await self._run(self.view.entry, parent, text)
+                (node, attr), seen = await self._recorded(self.view.entry, parent, text)
             except MissingChunk:
                 return self._absent()
+            return self._reply(node, attr, seen)
         return self._reply(node, attr)
 
     def _absent(self) -> pyfuse3.EntryAttributes:
@@ -380,7 +435,8 @@ class Operations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if self.inodes.removed(inode):
             return self._entry(inode, self._open_file_of(inode).attr(), removed=True)
-        return self._entry(inode, await self._run(self.view.attr, self._node(inode)))
+        attr, seen = await self._recorded(self.view.attr, self._node(inode))
+        return self._entry(inode, attr if seen is None else self._shown(inode, attr, seen))
 
     def _open_file_of(self, inode: int) -> OpenFile:
         """An open file of `inode`, a writable one if there is; ENOENT if none is open."""
@@ -394,6 +450,9 @@ class Operations(pyfuse3.Operations):
             self.inodes.forget(ino, count)
             self._readers.drop(ino)
             self._drop_listing(ino)
+            if self.versions is not None:
+                self.versions.forget(ino)
+                self._failed_shows.pop(ino, None)
 
     @_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
@@ -411,7 +470,10 @@ class Operations(pyfuse3.Operations):
         starts at 0, so offsets stay stable while the kernel reads on."""
         listing = self._dir_listings.get(inode) if start_id else None
         if listing is None:
-            listing = await self._run(self.view.listing, self._node(inode))
+            node = self._node(inode)
+            listing, seen = await self._recorded(self.view.listing, node)
+            if self.versions is not None and seen is not None:
+                self.versions.show(seen, directory=node.path)
             self._drop_listing(inode)
             self._dir_listings.put(inode, listing)
         return listing
@@ -528,27 +590,61 @@ class Operations(pyfuse3.Operations):
         return await self._run(self._handles[fh].read, off, size)
 
     async def _read_inode(self, inode: int, off: int, size: int) -> bytes:
-        """A read of a kernel-served mount, by inode (there are no opens to pin a version
-        to). A file's reader is kept while the kernel reads it, so the reads of one pass
-        come from one version, as an open file's would: a change in the source shows at
-        the next pass from the file's start, which gets a reader of the new version
-        while the kernel is told to drop the pages it keeps of the old. A reader that
-        cannot serve its version (an S3 object replaced) fails, never mixes. Rendered
-        documents are made for each read; they cost a cache lookup."""
-        reader = self._readers.get(inode)
-        if reader is not None and off == 0 and await self._run(reader.outdated):
+        """A read of a kernel-served mount, by inode: there are no opens to pin a version
+        to, so the file is read as of its latest show (`shardfs.view.shown`), the version
+        whose size the kernel holds, until the kernel asks for its attributes again
+        (`cache_timeout`). A reader is kept while a pass over the file is under way and
+        closed at its end. A read that cannot be served as shown fails (`_failed`).
+
+        The kernel is never told to drop a file at the end of a pass: a reader that
+        reads on to find the end (Python's `read()`, `cat`) would then be given the new
+        size, and the new version's bytes after the old one's."""
+        assert self.versions is not None
+        live = self._readers.get(inode)
+        if live is None:
+            node = self._node(inode)
+            shown = self.versions.latest(inode, node.path.rpartition("/")[0])
+            try:
+                live = await self._run(self._open_as_of, node, shown)
+            except ShardfsError as e:
+                raise self._failed(inode, node.path, e, shown) from None
+            self._readers.put(inode, live)
+        try:
+            data = await self._run(live.reader.read, off, size)
+        except ShardfsError as e:
             self._readers.drop(inode)
-            trio.lowlevel.spawn_system_task(_invalidate, inode)
-            reader = None
-        if reader is None:
-            reader = await self._run(self.view.open, self._node(inode))
-            if not reader.pinned:
-                try:
-                    return await self._run(reader.read, off, size)
-                finally:
-                    reader.close()
-            self._readers.put(inode, reader)
-        return await self._run(reader.read, off, size)
+            raise self._failed(inode, live.path, e, live.shown) from None
+        if off + len(data) >= live.size or not data:
+            self._readers.drop(inode)  # the pass is over: the kernel holds what it read
+        return data
+
+    def _open_as_of(self, node: Node, shown: Shown | None) -> _Pass:
+        assert self.versions is not None
+        with self.versions.as_of(shown):
+            reader = self.view.open(node)
+        return _Pass(reader, node.path, shown, reader.attr().size)
+
+    def _failed(
+        self, inode: int, path: str, error: ShardfsError, shown: Shown | None
+    ) -> ShardfsError:
+        """A read that cannot be served as the kernel was shown the file (the version is
+        gone): the error to answer. The kernel is told to drop what it holds of the file
+        (once the reply is sent); reads as of that show go on failing until it asks for
+        the file's attributes again, so that no read after it gets a version whose size
+        it does not hold (the kernel itself retries a failed read at once)."""
+        if shown is None or not shown.stats or isinstance(error, MissingChunk):
+            return error
+        trio.lowlevel.spawn_system_task(_invalidate, inode)
+        if self._failed_shows.get(inode) != shown.seq:
+            self._failed_shows[inode] = shown.seq
+            if not error.logged:
+                log.error(
+                    "%s changed after the kernel was given its size; reads fail until the "
+                    "kernel asks for it again (%s)", path, error,
+                )  # fmt: skip
+        failed = StorageError(f"{path}: the version the kernel holds is gone")
+        failed.logged = True
+        return failed
 
     @_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:

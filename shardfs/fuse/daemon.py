@@ -143,6 +143,8 @@ def serve(
             pyfuse3.close(unmount=signalled or mount_type(mountpoint) is not None)
             log.info("unmounted %s", mountpoint)
             view.settle(SETTLE)
+            if operations.versions is not None:
+                operations.versions.close()
             if isinstance(view, Workspace):
                 notify("STATUS=committing what is still buffered")
                 try:

@@ -9,10 +9,11 @@ above this layer knows which backend it talks to.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final
@@ -113,6 +114,9 @@ class Pin:
     #: system would; not where every version is a new object (S3), whose bytes must
     #: never be mixed with the old one's.
     in_place = False
+    #: Whether the pin keeps its version readable after the object is replaced (a local
+    #: file's inode, held open): worth keeping to serve that version later (see `as_of`).
+    keeps_version = False
 
     def __init__(self, storage: Storage, key: str, stat: Stat) -> None:
         self.storage = storage
@@ -150,8 +154,29 @@ class Pin:
         will read are the same in `stat` as in the version pinned."""
         self.stat = stat
 
+    def clone(self) -> Pin:
+        """Another pin on the same version, to be closed on its own."""
+        return Pin(self.storage, self.key, self.stat)
+
     def close(self) -> None:
         """Let the version go. Reads afterwards are not allowed."""
+
+
+#: A pin of its own (the caller closes it) on a kept version, by (key, version), or None;
+#: for `Storage.as_of`.
+KeptPins = Callable[[str, Hashable], Pin | None]
+
+
+@dataclass(frozen=True)
+class _Overlay:
+    storage: Storage
+    stats: Mapping[str, Stat | None]
+    kept: KeptPins
+
+
+#: This thread's overlay (`Storage.as_of`) and recording (`Storage.recording`), if any.
+_thread = threading.local()
+_UNSEEN = object()
 
 
 class Storage(ABC):
@@ -177,15 +202,35 @@ class Storage(ABC):
         """Requests, bytes, errors, and the store's own caches, for `shardfs stats`."""
         return self.counts.snapshot()
 
-    @abstractmethod
+    # Reads go through these wrappers, which apply this thread's overlay and recording;
+    # backends implement the underscored methods.
+
     def stat(self, key: str) -> Stat | None:
         """The object or directory at `key`, or None if there is none."""
+        overlay = getattr(_thread, "overlay", None)
+        if overlay is not None and overlay.storage is self:
+            found = overlay.stats.get(key, _UNSEEN)
+            if found is not _UNSEEN:
+                return found  # type: ignore[return-value]
+        stat = self._stat(key)
+        seen = getattr(_thread, "seen", None)
+        if seen is not None:
+            seen.setdefault(key, stat)
+        return stat
 
-    @abstractmethod
     def list(self, key: str) -> list[Entry]:
         """The entries of directory `key`. Raises NotFound or NotADirectory."""
+        entries = self._list(key)
+        overlay = getattr(_thread, "overlay", None)
+        if overlay is not None and overlay.storage is self:
+            entries = [_as_seen(overlay.stats, key, entry) for entry in entries]
+            entries = [entry for entry in entries if entry is not None]
+        seen = getattr(_thread, "seen", None)
+        if seen is not None:
+            for entry in entries:
+                seen.setdefault(f"{key}/{entry.name}" if key else entry.name, entry.stat)
+        return entries
 
-    @abstractmethod
     def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
         """Exactly `length` bytes of `key` from `offset`.
 
@@ -194,11 +239,79 @@ class Storage(ABC):
         the end raises CorruptData: callers only ask for ranges an index or a
         size promised them.
         """
+        kept = self._kept(key, version)
+        if kept is None:
+            return self._read(key, offset, length, version)
+        with contextlib.closing(kept):
+            return kept.read(offset, length)
 
     def pin(self, key: str, stat: Stat) -> Pin:
         """A pin on version `stat` of `key` (see `Pin`). SourceChanged if the object
         already is another version that the pin cannot serve."""
+        kept = self._kept(key, stat.version)
+        return kept if kept is not None else self._pin(key, stat)
+
+    def read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
+        """The last `length` bytes of version `version` of `key`, which has `size` bytes.
+
+        Where an index sits at the end of an object; a store that can ask for a
+        suffix of an object (S3's `bytes=-N`) does.
+        """
+        kept = self._kept(key, version)
+        if kept is None:
+            return self._read_tail(key, length, size, version)
+        with contextlib.closing(kept):
+            return kept.read(size - length, length)
+
+    @contextlib.contextmanager
+    def as_of(self, stats: Mapping[str, Stat | None], kept: KeptPins) -> Iterator[None]:
+        """Within this block (on this thread), the objects of `stats` are taken to be the
+        versions it names (None: absent), not what they are now, and a version `kept`
+        has a pin for is read through that pin: what is read is as it was when `stats`
+        were seen, where it still can be (else SourceChanged, as for any version gone).
+        For serving a file as a client that was shown those versions holds it."""
+        previous = getattr(_thread, "overlay", None)
+        _thread.overlay = _Overlay(self, stats, kept)
+        try:
+            yield
+        finally:
+            _thread.overlay = previous
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[dict[str, Stat | None]]:
+        """Within this block (on this thread), every object stated or listed is noted in
+        the dict it gives, with its version as first seen: what a result computed in
+        the block was made from (see `as_of`)."""
+        previous = getattr(_thread, "seen", None)
+        seen: dict[str, Stat | None] = {}
+        _thread.seen = seen
+        try:
+            yield seen
+        finally:
+            _thread.seen = previous
+
+    def _kept(self, key: str, version: Hashable | None) -> Pin | None:
+        overlay = getattr(_thread, "overlay", None)
+        if overlay is None or overlay.storage is not self or version is None:
+            return None
+        return overlay.kept(key, version)
+
+    @abstractmethod
+    def _stat(self, key: str) -> Stat | None: ...
+
+    @abstractmethod
+    def _list(self, key: str) -> list[Entry]: ...
+
+    @abstractmethod
+    def _read(
+        self, key: str, offset: int, length: int, version: Hashable | None = None
+    ) -> bytes: ...
+
+    def _pin(self, key: str, stat: Stat) -> Pin:
         return Pin(self, key, stat)
+
+    def _read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
+        return self.read(key, size - length, length, version)
 
     def append_in_progress(self, key: str, stat: Stat) -> int | None:
         """The size of object `key` (found as `stat`) before an append that a writer has
@@ -216,14 +329,6 @@ class Storage(ABC):
         read of them would need a request. Readers that look ahead to save round trips
         read just that span instead (its end may lie beyond the object's)."""
         return None
-
-    def read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
-        """The last `length` bytes of version `version` of `key`, which has `size` bytes.
-
-        Where an index sits at the end of an object; a store that can ask for a
-        suffix of an object (S3's `bytes=-N`) does.
-        """
-        return self.read(key, size - length, length, version)
 
     @abstractmethod
     def describe(self, key: str) -> str:
@@ -298,3 +403,11 @@ class Storage(ABC):
         For fsck and read-only mounts, which must report rather than repair.
         Writes in progress in other processes are included.
         """
+
+
+def _as_seen(stats: Mapping[str, Stat | None], directory: str, entry: Entry) -> Entry | None:
+    """A listed entry as `stats` saw it: None if it was absent then."""
+    found = stats.get(f"{directory}/{entry.name}" if directory else entry.name, _UNSEEN)
+    if found is _UNSEEN:
+        return entry
+    return None if found is None else Entry(entry.name, found)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ mount, of `shardfs fsck` and of `shardfs compact` call it).
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import os
@@ -82,6 +83,7 @@ class _FilePin(Pin):
     a rewrite), it is a new version."""
 
     in_place = True
+    keeps_version = True
 
     def __init__(self, storage: LocalStorage, key: str, stat: Stat) -> None:
         super().__init__(storage, key, stat)
@@ -133,6 +135,11 @@ class _FilePin(Pin):
     def current(self) -> Stat | None:
         return _stat_of(os.fstat(self._fd))
 
+    def clone(self) -> _FilePin:
+        other = copy.copy(self)
+        other._fd = os.dup(self._fd)  # not inherited by children, as every fd Python makes
+        return other
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -164,7 +171,7 @@ class LocalStorage(Storage):
             self._paths[key] = path
         return path
 
-    def stat(self, key: str) -> Stat | None:
+    def _stat(self, key: str) -> Stat | None:
         if _is_private(key):
             return None
         self.counts.add("stat")
@@ -178,7 +185,7 @@ class LocalStorage(Storage):
             return None
         return _stat_of(st)
 
-    def list(self, key: str) -> list[Entry]:
+    def _list(self, key: str) -> list[Entry]:
         self.counts.add("list")
         known = self._names.get(key)
         if known is not None:
@@ -237,7 +244,7 @@ class LocalStorage(Storage):
             return None  # a name went: the directory changed under us
         return entries
 
-    def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
+    def _read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
         try:
             fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -262,7 +269,7 @@ class LocalStorage(Storage):
             )
         return data
 
-    def pin(self, key: str, stat: Stat) -> Pin:
+    def _pin(self, key: str, stat: Stat) -> Pin:
         return _FilePin(self, key, stat)
 
     def append_in_progress(self, key: str, stat: Stat) -> int | None:

@@ -327,7 +327,7 @@ class S3Storage(Storage):
 
     # -- reads ----------------------------------------------------------------
 
-    def stat(self, key: str) -> Stat | None:
+    def _stat(self, key: str) -> Stat | None:
         if not key:
             return self._dir_stat
         if self._unfit_path(key) is not None:
@@ -347,7 +347,7 @@ class S3Storage(Storage):
         self._cache.put("stat", key, (stat,), 200)
         return stat
 
-    def list(self, key: str) -> list[Entry]:
+    def _list(self, key: str) -> list[Entry]:
         listing = self._cache.get("list", key)
         if listing is None or not listing.complete:
             check_may_block()
@@ -549,12 +549,12 @@ class S3Storage(Storage):
         )
         return bool(page.get("KeyCount"))
 
-    def read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
+    def _read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
         if self.disk_cache is not None and version is not None:
             return self._cached(key, offset, length, version)
         return self._get(key, offset, length, f"bytes={offset}-{offset + length - 1}", version)[0]
 
-    def read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
+    def _read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
         if self.disk_cache is not None:
             return self._cached(key, size - length, length, version)
         return self._get(key, size - length, length, f"bytes=-{length}", version)[0]

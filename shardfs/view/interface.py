@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from shardfs.storage.base import Storage
     from shardfs.view.namespace import Namespace
     from shardfs.view.nodes import Attr, Listing, Node
 
@@ -54,6 +55,10 @@ class WriteHandle(OpenFile, Protocol):
 
 class ViewInterface(Protocol):
     """The read side of a view, and the way to its write side."""
+
+    #: Where its files are stored: what a front end that caches records versions of (see
+    #: `shardfs.view.shown`).
+    storage: Storage
 
     @property
     def writes(self) -> Writes | None:

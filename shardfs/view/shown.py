@@ -1,0 +1,176 @@
+"""What a client that caches (the kernel of a kernel-served mount) was shown of each file,
+so that every byte served for the file comes from the version whose size it holds.
+
+Why: a kernel-served mount hands the kernel a file's size (in a lookup, a
+getattr or a listing) and lets it keep that for `cache_timeout`, with no open
+to tell the daemon when a reader starts. If the source changes meanwhile, the
+kernel still reads the file with the old size: bytes of the new version would
+come back cut at the old size, or mixed with pages it cached of the old one.
+So a read is served as of the versions its file was last shown from: each show
+records the versions of every object the view consulted (`Storage.recording`)
+and a read opens the file as of them (`Storage.as_of`). On a local source the
+daemon keeps each version shown open (`Pin.keeps_version`), so a file renamed
+over stays readable as the kernel knows it; where a version is gone (an S3
+object replaced, a kept version dropped for the budget), the read fails once
+and the kernel is told to drop what it holds (see the FUSE adapter).
+
+A show is kept per inode (lookups and getattrs) and per directory (a listing
+shows every entry at once: one record, whatever the number of chunk files), and
+dropped once the kernel's copy has expired (`timeout`, after which it asks
+again) or beyond a budget: a file whose show was dropped is read as it is now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+
+from shardfs.primitives.errors import ShardfsError
+from shardfs.storage.base import Pin, Stat, Storage
+
+#: Seconds a show outlives the kernel's timeout, for requests already on their way.
+SLACK = 5.0
+#: Shows kept per inode and per directory.
+SHOWS_KEPT = 65536
+#: Versions kept open (each a descriptor), the least recently shown dropped first.
+VERSIONS_KEPT = 1024
+#: Versions a listing may keep open; the rest of a big listing is read as it is now if it
+#: changes (keeping them all would open every file of a directory of plain files).
+VERSIONS_PER_LISTING = 64
+
+
+@dataclass(frozen=True, eq=False)
+class Shown:
+    """One show: the versions a file's attributes were computed from, in the order shown."""
+
+    seq: int
+    at: float
+    #: objects by key as they were (None: absent); empty for "as it is now"
+    stats: dict[str, Stat | None] = field(repr=False)
+
+
+class KernelVersions:
+    """The shows of one mount, and the versions they keep readable. The shows belong to
+    the event loop; the kept versions are also read from worker threads (under a lock)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        timeout: float,
+        shows: int = SHOWS_KEPT,
+        versions: int = VERSIONS_KEPT,
+    ) -> None:
+        self.storage = storage
+        self.lifetime = timeout + SLACK
+        self._budget = shows
+        self._inodes: OrderedDict[int, Shown] = OrderedDict()
+        self._dirs: OrderedDict[str, Shown] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, Hashable], tuple[Pin, float]] = OrderedDict()
+        self._versions = versions
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+
+    def show(
+        self, stats: dict[str, Stat | None], inode: int | None = None, directory: str | None = None
+    ) -> Shown:
+        """Record that the kernel was given attributes computed from `stats`: of `inode`,
+        or of every entry of `directory`. Keeps the file versions among them open."""
+        now = time.monotonic()
+        shown = Shown(next(self._seq), now, stats)
+        table: OrderedDict = self._inodes if directory is None else self._dirs
+        where = inode if directory is None else directory
+        table.pop(where, None)
+        table[where] = shown
+        self._expire(table, now)
+        self._keep(stats, now, None if directory is None else VERSIONS_PER_LISTING)
+        return shown
+
+    def latest(self, inode: int, directory: str) -> Shown | None:
+        """The latest show of `inode` (which is an entry of `directory`), if still kept."""
+        deadline = time.monotonic() - self.lifetime
+        found = [
+            shown
+            for shown in (self._inodes.get(inode), self._dirs.get(directory))
+            if shown is not None and shown.at > deadline
+        ]
+        return max(found, key=lambda s: s.seq) if found else None
+
+    def forget(self, inode: int) -> None:
+        self._inodes.pop(inode, None)
+
+    @contextlib.contextmanager
+    def as_of(self, shown: Shown | None) -> Iterator[None]:
+        """Read as of `shown` within this block (see `Storage.as_of`)."""
+        if shown is None or not shown.stats:
+            yield
+            return
+        with self.storage.as_of(shown.stats, self._kept_pin):
+            yield
+
+    def _kept_pin(self, key: str, version: Hashable) -> Pin | None:
+        """A pin of its own on a kept version: cloned under the lock, so that a kept pin
+        dropped meanwhile can never leave it a closed (or reused) descriptor."""
+        with self._lock:
+            found = self._kept.get((key, version))
+            return found[0].clone() if found is not None else None
+
+    def _keep(self, stats: dict[str, Stat | None], now: float, limit: int | None) -> None:
+        """Keep open the versions of the files in `stats` not kept yet (up to `limit`), and
+        refresh those that are. A pin that cannot be made (the file already changed) is
+        left out: a read of it fails once, as for any version gone."""
+        added = 0
+        for key, stat in stats.items():
+            if stat is None or stat.is_dir:
+                continue
+            with self._lock:
+                found = self._kept.pop((key, stat.version), None)
+                if found is not None:
+                    self._kept[(key, stat.version)] = (found[0], now)
+                    continue
+            if limit is not None and added >= limit:
+                continue
+            try:
+                pin = self.storage.pin(key, stat)
+            except ShardfsError:
+                continue
+            if not pin.keeps_version:
+                pin.close()
+                return  # the store keeps no versions: nothing to keep of any
+            added += 1
+            with self._lock:
+                self._kept[(key, stat.version)] = (pin, now)
+        self._drop_kept(now)
+
+    def _drop_kept(self, now: float) -> None:
+        deadline = now - self.lifetime
+        dropped = []
+        with self._lock:
+            while self._kept:
+                key, (pin, at) = next(iter(self._kept.items()))
+                if len(self._kept) <= self._versions and at > deadline:
+                    break
+                del self._kept[key]
+                dropped.append(pin)
+        for pin in dropped:  # a reader that cloned it holds its own descriptor
+            pin.close()
+
+    def _expire(self, table: OrderedDict, now: float) -> None:
+        deadline = now - self.lifetime
+        while table:
+            first = next(iter(table.values()))
+            if len(table) <= self._budget and first.at > deadline:
+                break
+            table.popitem(last=False)
+
+    def close(self) -> None:
+        """Let every kept version go (the mount ends)."""
+        with self._lock:
+            pins = [pin for pin, _ in self._kept.values()]
+            self._kept.clear()
+        for pin in pins:
+            pin.close()

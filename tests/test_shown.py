@@ -1,0 +1,115 @@
+"""What a kernel-served mount showed the kernel (`shardfs.view.shown`), without FUSE: reads
+as of a show serve the versions it recorded, kept open on a local source, and fail where
+a version is gone; shows expire with the kernel's copy."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from shardfs.primitives.errors import SourceChanged
+from shardfs.storage import LocalStorage
+from shardfs.view import Namespace
+from shardfs.view.shown import KernelVersions
+
+
+def replace(path: Path, data: bytes) -> None:
+    """Write `data` to a new file renamed over `path`, as zarr-python does."""
+    path.with_suffix(".new").write_bytes(data)
+    os.replace(path.with_suffix(".new"), path)
+
+
+def test_a_show_records_what_was_consulted_and_reads_as_of_it(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"old")
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=300)
+    with storage.recording() as seen:
+        stat = storage.stat("f")
+    assert seen == {"f": stat}
+    shown = versions.show(seen, inode=7)
+    assert versions.latest(7, "") is shown
+    replace(tmp_path / "f", b"newer")
+    assert storage.stat("f").size == 5
+    with versions.as_of(shown):
+        assert storage.stat("f") == stat
+        assert storage.read("f", 0, 3, stat.version) == b"old"
+        pin = storage.pin("f", stat)
+    try:
+        assert pin.read(0, 3) == b"old"
+    finally:
+        pin.close()
+    with pytest.raises(SourceChanged):
+        storage.read("f", 0, 3, stat.version)  # outside the block: as it is now
+
+
+def test_a_version_not_kept_is_gone_once_replaced(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"old")
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=300, versions=0)
+    with storage.recording() as seen:
+        stat = storage.stat("f")
+    shown = versions.show(seen, inode=7)
+    replace(tmp_path / "f", b"newer")
+    with versions.as_of(shown), pytest.raises(SourceChanged):
+        storage.read("f", 0, 3, stat.version)
+
+
+def test_a_kept_version_dropped_while_read_leaves_the_reader_its_own(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"old")
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=300, versions=1)
+    with storage.recording() as seen:
+        stat = storage.stat("f")
+    shown = versions.show(seen, inode=7)
+    replace(tmp_path / "f", b"newer")
+    with versions.as_of(shown):
+        pin = storage.pin("f", stat)
+    (tmp_path / "g").write_bytes(b"other")
+    with storage.recording() as other:
+        storage.stat("g")
+    versions.show(other, inode=8)  # the budget of one drops the kept "f"
+    replacement = os.open(tmp_path / "g", os.O_RDONLY)  # may take the freed descriptor
+    try:
+        assert pin.read(0, 3) == b"old"
+    finally:
+        os.close(replacement)
+        pin.close()
+
+
+def test_the_latest_show_wins_and_shows_expire(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=0.0)
+    first = versions.show({}, inode=7)
+    listing = versions.show({}, directory="d")
+    assert versions.latest(7, "d") is listing
+    assert versions.latest(7, "e") is first
+    versions.lifetime = 0.0
+    assert versions.latest(7, "d") is None
+
+
+def test_a_chunk_is_served_as_shown_after_its_shard_is_renamed_over(tmp_path: Path) -> None:
+    """The Zarr view, opened as of a listing's show: the chunk's bytes and size of the
+    version listed, though zarr-python has since replaced the shard with bigger chunks."""
+    array = zarr.create_array(tmp_path, shape=(64,), chunks=(16,), shards=(64,), dtype="int32")
+    array[...] = np.ones(64, "int32")
+    storage = LocalStorage(tmp_path)
+    ns = Namespace(storage)
+    versions = KernelVersions(storage, timeout=300)
+    directory = ns.resolve("c")
+    with storage.recording() as seen:
+        listed = {name: attr.size for name, _, attr in ns.listing(directory).items()}
+    shown = versions.show(seen, directory="c")
+    with ns.open(ns.resolve("c/0")) as reader:
+        old = reader.read(0, 1 << 20)
+    array[...] = np.random.default_rng(1).integers(0, 2**31, 64, dtype="int32")
+    with versions.as_of(shown):
+        reader = ns.open(ns.resolve("c/0"))
+    with reader:
+        assert reader.read(0, 1 << 20) == old
+        assert reader.attr().size == listed["0"] == len(old)
+    with ns.open(ns.resolve("c/0")) as now:
+        assert len(now.read(0, 1 << 20)) > len(old)
