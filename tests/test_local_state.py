@@ -20,6 +20,7 @@ import pytest
 from shardfs.fuse.mounts import mount_type, unmount
 from shardfs.primitives.private import UnsafeState
 from shardfs.writeback.buffer import PREFIX, SUFFIX, WriteBuffer
+from shardfs.writeback.leftover import Leftovers
 from tests.conftest import one_shard_array
 from tests.users import User
 
@@ -141,3 +142,32 @@ def test_the_sweep_never_follows_a_symlink_nor_removes_another_users_directory(
     assert (theirs / "0.blob").exists()
     assert os.path.isdir(dead.spool_dir) and (public_dir / f"{PREFIX}link{SUFFIX}").is_symlink()
     assert open_one.is_dir()
+
+
+# -- the chunks kept for the next mount -------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["pending", "pending/ID"])
+def test_an_unsafe_directory_of_kept_chunks_is_refused(tmp_path: Path, where: str) -> None:
+    (tmp_path / where).mkdir(parents=True)
+    os.chmod(tmp_path / where, 0o777)
+    leftovers = Leftovers(str(tmp_path / "pending" / "ID"), "a source")
+    with pytest.raises(UnsafeState) as raised:
+        leftovers.claim()
+    assert str(raised.value) == (
+        f"directory of kept chunks {tmp_path / where}: is writable by group or others "
+        "(mode 0777); refused (another user could change it)"
+    )
+
+
+def test_the_directory_of_kept_chunks_is_made_private_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    old = os.umask(0)
+    try:
+        leftovers = Leftovers(str(tmp_path / "state" / "pending" / "ID"), "a source")
+        assert leftovers.claim()
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "state") == _mode(tmp_path / "state" / "pending") == 0o700
+    assert _mode(tmp_path / "state" / "pending" / "ID.lock") == 0o600
