@@ -224,6 +224,11 @@ def test_a_runtime_dir_another_user_made_first_is_not_used(
         "print(json.dumps(1))",
     )
     fallback = os.path.join(victim.home, ".local", "state", "shardfs", "run")
+    made = []  # what the victim's daemon makes in its home, for the cleanup
+    path = fallback
+    while path != victim.home and not os.path.exists(path):
+        made.append(path)
+        path = os.path.dirname(path)
     try:
         found, stderr = _as(
             victim,
@@ -252,8 +257,8 @@ print(json.dumps(out))""",
         ]
         assert os.path.islink(squat / _lock_name(str(mountpoint)))  # left as it was
     finally:
-        # The squat goes with public_dir (as root); the victim's own runtime directory too.
-        for path in (fallback, os.path.dirname(fallback)):
+        # The squat goes with public_dir (as root); what the victim's daemon made, here.
+        for path in made:
             if os.path.isdir(path) and not os.listdir(path):
                 os.rmdir(path)
 
