@@ -64,6 +64,46 @@ def test_a_directory_under_one_others_may_write_is_refused(tmp_path: Path) -> No
     check_private_dir(private_dir(str(tmp_path / "open" / "mine")))
 
 
+def test_a_shared_directory_may_be_roots_or_sticky_but_never_a_symlink(tmp_path: Path) -> None:
+    """`shared`: a directory the daemon only makes a private one in (the spool's root)."""
+    (tmp_path / "sticky").mkdir()
+    os.chmod(tmp_path / "sticky", 0o1777)
+    check_private_dir(str(tmp_path / "sticky"), shared=True)
+    with pytest.raises(UnsafeState, match="is writable by group or others"):
+        check_private_dir(str(tmp_path / "sticky"))
+    (tmp_path / "open").mkdir()
+    os.chmod(tmp_path / "open", 0o777)
+    with pytest.raises(UnsafeState, match=r"is writable by group or others \(mode 0777\)"):
+        check_private_dir(str(tmp_path / "open"), shared=True)
+    (tmp_path / "link").symlink_to(tmp_path / "sticky")
+    with pytest.raises(UnsafeState, match="is a symbolic link"):
+        check_private_dir(str(tmp_path / "link"), shared=True)
+
+
+def test_a_directory_made_never_passes_its_mode_to_a_symlinks_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone who swaps the new directory for a symlink before it gets mode 0700 (in a
+    directory they may write, which is then refused) gets no file chmod-ed through it."""
+    target = tmp_path / "target"
+    target.write_text("x")
+    os.chmod(target, 0o644)
+    (tmp_path / "open").mkdir()
+    os.chmod(tmp_path / "open", 0o777)
+    made = tmp_path / "open" / "d"
+    mkdir = os.mkdir
+
+    def swapped(path: str, mode: int = 0o777) -> None:
+        mkdir(path, mode)
+        os.rmdir(path)
+        os.symlink(target, path)
+
+    monkeypatch.setattr(os, "mkdir", swapped)
+    with pytest.raises(UnsafeState):
+        private_dir(str(made))
+    assert target.stat().st_mode & 0o777 == 0o644
+
+
 def _as(user: User, code: str) -> dict[str, object]:
     result = user.run(code)
     assert result.returncode == 0, result.stderr

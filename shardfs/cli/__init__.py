@@ -22,7 +22,14 @@ from collections.abc import Sequence
 
 from shardfs import __version__
 from shardfs.cli import checksum, info, logs, stats
-from shardfs.fuse.mounts import is_stale, mount_type, open_lock, unmount, wait_for_daemon
+from shardfs.fuse.mounts import (
+    is_stale,
+    mount_type,
+    open_lock,
+    runtime_dir,
+    unmount,
+    wait_for_daemon,
+)
 from shardfs.maintenance import (
     DEFAULT_MIN_DEAD,
     DEFAULT_THRESHOLD,
@@ -231,6 +238,9 @@ def _mount(args: argparse.Namespace) -> int:
     with logs.early() as early:
         source = open_source(args.source, options)
         check_mountpoint(args.mountpoint, args.source)
+        # Here, where it shows: the warning if /tmp/shardfs-UID is another user's, or the
+        # one line that refuses an unsafe runtime directory.
+        runtime_dir(make=True)
     if args.foreground:
         return _run_daemon(args, options, source, early)
     early.print()  # the daemon's log (syslog, a file) gets them too, but is not here

@@ -14,6 +14,7 @@ from typing import Any
 from shardfs.cli.options import Commands
 from shardfs.fuse.control import hit_rate, query, socket_path
 from shardfs.fuse.mounts import mount_type
+from shardfs.primitives.private import UnsafeState
 
 
 def add_parser(commands: Commands) -> None:
@@ -37,11 +38,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardfs: {args.mountpoint} is not a shardfs mount", file=sys.stderr)
         return 1
     try:
+        path = socket_path(args.mountpoint)
         stats = query(args.mountpoint)
+    except UnsafeState as e:
+        print(f"shardfs: the daemon of {args.mountpoint} is not asked: {e}", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as e:
         print(
-            f"shardfs: the daemon of {args.mountpoint} does not answer at "
-            f"{socket_path(args.mountpoint)}: {e}",
+            f"shardfs: the daemon of {args.mountpoint} does not answer at {path}: {e}",
             file=sys.stderr,
         )
         return 1

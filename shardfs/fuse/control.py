@@ -6,6 +6,15 @@ request and no request to the source, adds nothing to the tree that a walker
 of it could trip over, and its mode (0600, in the 0700 runtime directory)
 lets only the mounting user in. A client connects and reads one JSON document
 until the daemon closes the connection; it sends nothing.
+
+The socket lives in the runtime directory, which is the daemon user's alone
+(0700; `shardfs.fuse.mounts.runtime_dir`), so no one else can reach it; the
+daemon binds, and a client connects, only inside a directory that passes
+`check_private_dir` (a socket another user could have put there would hear the
+client, or answer it). The socket is 0600 besides, from the moment it has its
+name: it is bound under a name of its own (with the umask's mode), made 0600,
+and then renamed to its name, which also replaces a dead daemon's socket at
+once.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from typing import Any
 import trio
 
 from shardfs.fuse.mounts import lock_path
+from shardfs.primitives.private import UnsafeState, check_private_dir
 
 log = logging.getLogger("shardfs")
 
@@ -40,15 +50,20 @@ async def serve(path: str, snapshot: Snapshot) -> None:
 
     The caller holds the daemon lock of the mountpoint, so a socket file already
     there is a dead daemon's and is replaced."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    staging = path + ".new"  # see the module docstring
     try:
-        await sock.bind(path)
-        os.chmod(path, 0o600)
+        check_private_dir(os.path.dirname(path))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staging)  # a dead daemon's
+        await sock.bind(staging)
+        os.chmod(staging, 0o600)
         sock.listen()
-    except OSError as e:
+        os.rename(staging, path)
+    except (OSError, UnsafeState) as e:
         sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(staging)
         log.warning("no control socket at %s (shardfs stats will not answer): %s", path, e)
         return
     listener = trio.SocketListener(sock)
@@ -73,10 +88,13 @@ async def serve(path: str, snapshot: Snapshot) -> None:
 
 
 def query(mountpoint: str, timeout: float = SEND_TIMEOUT) -> dict[str, Any]:
-    """The figures of the daemon serving `mountpoint`. OSError if it does not answer."""
+    """The figures of the daemon serving `mountpoint`. OSError if it does not answer;
+    UnsafeState if its runtime directory is not the user's alone (it is not asked)."""
+    path = socket_path(mountpoint)
+    check_private_dir(os.path.dirname(path))
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        sock.connect(socket_path(mountpoint))
+        sock.connect(path)
         parts = []
         while chunk := sock.recv(1 << 16):
             parts.append(chunk)

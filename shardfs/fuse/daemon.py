@@ -24,6 +24,7 @@ from shardfs.fuse.adapter import MountConfig, Operations
 from shardfs.fuse.mounts import DaemonLock, mount_type
 from shardfs.fuse.notify import notify
 from shardfs.primitives.errors import ShardfsError
+from shardfs.primitives.private import UnsafeState
 from shardfs.view import Namespace
 from shardfs.view.precomputed import PrecomputedNamespace
 from shardfs.writeback import Workspace
@@ -182,7 +183,7 @@ def _final_commit(workspace: Workspace, leftovers: Leftovers | None) -> str:
     if leftovers is not None:
         try:
             kept = leftovers.save(workspace)
-        except OSError as e:
+        except (OSError, UnsafeState) as e:
             log.error("cannot keep uncommitted chunks in %s: %s", leftovers.directory, e)
     workspace.buffer.close()
     if not failed:

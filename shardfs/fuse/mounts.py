@@ -6,6 +6,13 @@ the lock when the process ends however it ends, so `shardfs umount` can wait
 for the daemon by taking the lock, and a lock nobody holds never means a live
 daemon. The daemon writes how its final commit went into the file before it
 exits, for the waiter to report.
+
+The lock file and the control socket beside it live in a runtime directory that
+is the daemon user's alone (`runtime_dir`): a directory another user could
+write in would let that user plant a symlink at the predictable lock name (the
+daemon would truncate and overwrite whatever it points to), replace the socket,
+or block every mount. The lock file is opened without following symlinks, by
+the daemon and by `shardfs umount` alike.
 """
 
 from __future__ import annotations
@@ -15,11 +22,17 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
+import pwd
 import re
 import subprocess
 import time
 from typing import Any
+
+from shardfs.primitives.private import UnsafeState, check_private_dir, open_private, private_dir
+
+log = logging.getLogger("shardfs")
 
 
 def _unescape(field: str) -> str:
@@ -63,21 +76,82 @@ def unmount(path: str, lazy: bool = False) -> subprocess.CompletedProcess[str]:
 
 # -- the daemon's lock ---------------------------------------------------------------------
 
+#: The shared directory in which a user without $XDG_RUNTIME_DIR gets a runtime directory
+#: of their own (`shardfs-UID`).
+SHARED_TMP = "/tmp"
+#: Where a user's runtime directory goes when the one in SHARED_TMP is unsafe: below the
+#: home directory that the passwd database names.
+HOME_FALLBACK = (".local", "state", "shardfs", "run")
 
-def runtime_dir() -> str:
-    """Where daemons keep their lock files: /run/shardfs for root, else the user's runtime
-    directory (or a private directory in /tmp)."""
+#: The runtime directories already warned about, so each is named once per process.
+_warned: set[str] = set()
+
+
+def runtime_dir(make: bool = False) -> str:
+    """Where daemons keep their lock files and control sockets: a directory only their user
+    can change (`shardfs.primitives.private`). The daemon passes `make`, which makes it
+    (mode 0700) if it is missing; `shardfs umount` and `shardfs stats` do not, and find the
+    same directory in the same environment. UnsafeState if the directory it must use is
+    not the user's alone.
+
+    Root: /run/shardfs. Others: `$XDG_RUNTIME_DIR/shardfs` if that variable names a
+    directory of theirs alone (systemd's /run/user/UID); else /tmp/shardfs-UID, unless
+    another user made it first (or it is a symlink, or others may write in it): someone may
+    be planting symlinks there, so it is not used, a warning names it, and
+    `~/.local/state/shardfs/run` (the home directory of the passwd database) is used
+    instead."""
     if os.geteuid() == 0:
-        return "/run/shardfs"
+        return _private("/run/shardfs", make)
+    uid = os.geteuid()
     base = os.environ.get("XDG_RUNTIME_DIR")
-    return os.path.join(base, "shardfs") if base else f"/tmp/shardfs-{os.geteuid()}"
+    if base and os.path.isabs(base):
+        try:
+            check_private_dir(base)
+        except UnsafeState:
+            pass  # not this user's (`su` keeps the variable of the user before): not used
+        else:
+            return _private(os.path.join(base, "shardfs"), make)
+    shared = os.path.join(SHARED_TMP, f"shardfs-{uid}")
+    try:
+        return _private(shared, make)
+    except UnsafeState as e:
+        reason = e
+    fallback = os.path.join(_home(uid), *HOME_FALLBACK)
+    if shared not in _warned:
+        _warned.add(shared)
+        log.warning("%s; using %s instead", reason, fallback)
+    return _private(fallback, make)
 
 
-def lock_path(mountpoint: str) -> str:
-    """The lock file of the daemon serving `mountpoint` (named by its real path)."""
+def _private(path: str, make: bool) -> str:
+    """`path`, made private if `make`; otherwise checked if it exists (a client finds no
+    daemon's files in a directory that does not exist yet)."""
+    try:
+        if make:
+            return private_dir(path)
+        if os.path.lexists(path):
+            check_private_dir(path)
+    except UnsafeState as e:
+        raise UnsafeState(f"runtime directory {e}") from None
+    return path
+
+
+def _home(uid: int) -> str:
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        home = ""
+    if not os.path.isabs(home):
+        raise UnsafeState(f"uid {uid} has no home directory in the passwd database")
+    return home
+
+
+def lock_path(mountpoint: str, make: bool = False) -> str:
+    """The lock file of the daemon serving `mountpoint` (named by its real path), in
+    `runtime_dir(make)`."""
     real = os.path.realpath(mountpoint)
     name = hashlib.sha256(os.fsencode(real)).hexdigest()[:24]
-    return os.path.join(runtime_dir(), f"{name}.lock")
+    return os.path.join(runtime_dir(make), f"{name}.lock")
 
 
 #: How long a new daemon waits for the previous one of its mountpoint to finish its commit.
@@ -91,12 +165,11 @@ class DaemonLock:
     committing), the new one waits for it, so it mounts what that daemon committed."""
 
     def __init__(self, mountpoint: str, timeout: float = PREVIOUS_TIMEOUT) -> None:
-        self.path = lock_path(mountpoint)
+        self.path = lock_path(mountpoint, make=True)  # UnsafeState: the message says why
         deadline = time.monotonic() + timeout
         while True:
             try:
-                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                self._fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
             except OSError as e:
                 raise RuntimeError(
                     f"cannot create the lock file {self.path}: {e.strerror}"
@@ -105,7 +178,8 @@ class DaemonLock:
                 os.close(self._fd)
                 raise RuntimeError(f"the previous daemon of {mountpoint} has not exited")
             try:
-                same = os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+                named, mine = os.lstat(self.path), os.fstat(self._fd)
+                same = (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino)
             except FileNotFoundError:
                 same = False
             if same:
@@ -128,11 +202,19 @@ class DaemonLock:
 
 def open_lock(mountpoint: str) -> int | None:
     """A descriptor of the lock file of the daemon serving `mountpoint`, or None if no
-    daemon has one (an older daemon, or none). Open it before unmounting: the daemon
-    removes the file as it exits."""
+    daemon has one (an older daemon, or none) or it cannot be opened (then a warning says
+    why). Open it before unmounting: the daemon removes the file as it exits."""
     try:
-        return os.open(lock_path(mountpoint), os.O_RDONLY | os.O_CLOEXEC)
+        path = lock_path(mountpoint)
+    except UnsafeState as e:
+        log.warning("cannot wait for the daemon of %s: %s", mountpoint, e)
+        return None
+    try:
+        return open_private(path, os.O_RDONLY)
     except FileNotFoundError:
+        return None
+    except OSError as e:  # a symlink (ELOOP), which no daemon makes
+        log.warning("cannot wait for the daemon of %s: %s: %s", mountpoint, path, e.strerror)
         return None
 
 

@@ -47,20 +47,40 @@ def private_dir(path: str) -> str:
         except OSError as e:
             raise UnsafeState(f"{directory}: cannot create it: {e.strerror}") from None
         else:
-            os.chmod(directory, DIR_MODE)  # the umask may have taken bits away, never added
+            _restore_mode(directory)
     check_private_dir(path)
     return path
 
 
-def check_private_dir(path: str) -> None:
+def _restore_mode(directory: str) -> None:
+    """Give a directory just made mode 0700: the umask may have taken bits away, never
+    added. Through a descriptor opened without following symlinks, so that a directory
+    someone swapped in meanwhile for a symlink never passes the mode on to its target
+    (what was swapped in is refused by the check that follows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # gone or replaced: the check that follows says why
+    try:
+        os.fchmod(fd, DIR_MODE)
+    except OSError:
+        pass  # not ours (replaced): the check that follows refuses it
+    finally:
+        os.close(fd)
+
+
+def check_private_dir(path: str, shared: bool = False) -> None:
     """UnsafeState unless `path` is a directory only the daemon's user can change (see
-    the module docstring)."""
+    the module docstring). With `shared`, `path` only has to be as safe as a directory
+    above one (root's will do, and others may write in it if it is sticky, as in /tmp): a
+    directory in which the daemon makes a private directory of its own, such as the root
+    of the write spool."""
     uid = os.geteuid()
     try:
         info = os.lstat(path)
     except OSError as e:
         raise UnsafeState(f"{path}: {e.strerror}") from None
-    reason = _unsafe(info, uid, sticky_ok=False)
+    reason = _unsafe(info, uid, sticky_ok=shared, root_ok=shared)
     if reason:
         raise UnsafeState(f"{path}: {reason}; refused (another user could change it)")
     parent = os.path.dirname(os.path.realpath(path))

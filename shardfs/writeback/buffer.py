@@ -8,7 +8,10 @@ thread-safe and may be written, read and truncated at any offset.
 
 Spool files are private to one buffer (one daemon): each buffer makes its own
 directory `shardfs-spool-XXXXXXXX.private` (mode 0700) in the spool directory,
-creates every spill file in it exclusively, and removes it at `close()`. Many
+creates every spill file in it exclusively (mode 0600, never through a symlink),
+and removes it at `close()`. The spool directory itself must be one no other
+user can change (`spool_root`): the daemon user's or root's, and writable by
+others only if sticky, as /tmp; else the buffer is refused. Many
 daemons may share one `spool=DIR`, and nothing a killed daemon left there is
 ever read again. The buffer holds an `flock` on its directory for its life, so
 a directory whose lock can be taken belongs to a daemon that is gone (killed,
@@ -33,6 +36,7 @@ from collections import OrderedDict
 
 from shardfs.primitives.blocking import check_may_block
 from shardfs.primitives.errors import StorageError
+from shardfs.primitives.private import UnsafeState, check_private_dir, open_private, private_dir
 
 log = logging.getLogger("shardfs")
 
@@ -152,11 +156,7 @@ class WriteBuffer:
     def __init__(self, budget: int, spool_dir: str | None = None) -> None:
         self.budget = budget
         #: where the private directories are made: `spool=DIR`, or the temporary directory
-        self.spool_root = os.path.abspath(spool_dir or tempfile.gettempdir())
-        try:
-            os.makedirs(self.spool_root, exist_ok=True)
-        except OSError as e:
-            raise StorageError(f"spool directory {self.spool_root}: {e.strerror}") from None
+        self.spool_root = spool_root(spool_dir or tempfile.gettempdir())
         #: this buffer's private directory, which holds its spool files and nothing else
         self.spool_dir, self._dir_fd = _make_private_dir(self.spool_root)
         self._closed = False
@@ -233,7 +233,7 @@ class WriteBuffer:
         """Make the spool file `path`, which must not exist yet, holding `data`."""
         check_may_block()
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except OSError as e:
             raise StorageError(f"cannot create spool file {path}: {e.strerror}") from None
         try:
@@ -249,7 +249,7 @@ class WriteBuffer:
         assert path is not None
         check_may_block()
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)  # made by _spool_create, never here
+            fd = open_private(path, os.O_WRONLY)  # made by _spool_create, never here
             try:
                 _write_all(fd, offset, data)
             finally:
@@ -261,8 +261,11 @@ class WriteBuffer:
         assert path is not None
         check_may_block()
         try:
-            with open(path, "rb") as f:
-                return os.pread(f.fileno(), size, offset)
+            fd = open_private(path, os.O_RDONLY)
+            try:
+                return os.pread(fd, size, offset)
+            finally:
+                os.close(fd)
         except OSError as e:
             raise StorageError(f"spool file {path}: {e.strerror}") from None
 
@@ -270,7 +273,11 @@ class WriteBuffer:
         assert path is not None
         check_may_block()
         try:
-            os.truncate(path, size)
+            fd = open_private(path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
         except OSError as e:
             raise StorageError(f"spool file {path}: {e.strerror}") from None
 
@@ -282,6 +289,23 @@ class WriteBuffer:
                 log.warning("spool file %s was removed by someone else", path)
         except OSError as e:
             log.warning("cannot remove spool file %s: %s", path, e.strerror)
+
+
+def spool_root(path: str) -> str:
+    """The spool directory `path` (absolute), made private (0700) if it is missing.
+    UnsafeState, naming it and why, unless another user cannot change what is in it: it
+    must be a real directory (not a symlink) of the daemon's user or root, writable by
+    nobody else unless it is sticky (as /tmp: there others may add entries, but neither
+    rename nor remove the private directory this buffer makes), and so must every
+    directory above it."""
+    path = os.path.abspath(path)
+    try:
+        if not os.path.lexists(path):
+            return private_dir(path)
+        check_private_dir(path, shared=True)
+    except UnsafeState as e:
+        raise UnsafeState(f"spool directory {e}") from None
+    return path
 
 
 def _write_all(fd: int, offset: int, data: bytes | bytearray) -> None:
@@ -331,7 +355,10 @@ def _make_private_dir(root: str) -> tuple[str, int]:
 def _sweep(root: str, own: str) -> None:
     """Remove the private directories in `root` of buffers whose daemon is gone: those whose
     lock can be taken. Directories of running daemons, of other users, and everything else in
-    `root` are left alone."""
+    `root` are left alone. Nothing is followed: not a symlink with the name of a private
+    directory (skipped), nor one inside a directory removed (`shutil.rmtree` removes it
+    through descriptors, unlinking symlinks), and a directory others may write in is not
+    one this user made (skipped: what they put there is theirs)."""
     try:
         names = os.listdir(root)
     except OSError as e:
@@ -344,7 +371,7 @@ def _sweep(root: str, own: str) -> None:
             continue
         try:
             info = os.lstat(path)
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o022:
                 continue
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -356,6 +383,8 @@ def _sweep(root: str, own: str) -> None:
                 continue  # its daemon runs
             mine = os.fstat(fd)
             if (mine.st_dev, mine.st_ino) != (info.st_dev, info.st_ino):
+                continue
+            if not shutil.rmtree.avoids_symlink_attacks:  # pragma: no cover (Linux has it)
                 continue
             shutil.rmtree(path, ignore_errors=True)
             if os.path.lexists(path):

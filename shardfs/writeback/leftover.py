@@ -27,6 +27,11 @@ files of its own names, next to theirs; the next mount takes all of them up.
 File layout: one JSON line `{"format": 1, "array": KEY, "chunks": [[COORDS,
 SIZE], ...]}` (SIZE -1 for a deleted chunk), then the chunks' bytes in that
 order. Files are written to a temporary name, made durable and renamed.
+
+The directories are the daemon user's alone (0700, files 0600, never opened
+through a symlink; `shardfs.primitives.private`): another user who could
+change them could make the next mount commit bytes of their choosing. One that
+is not is refused, and the mount with it, with one line saying why.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from dataclasses import dataclass
 
 from shardfs.formats.shard_write import Buffer
 from shardfs.primitives.errors import ShardfsError, StorageError
+from shardfs.primitives.private import UnsafeState, open_private, private_dir
 from shardfs.view.hierarchy import join
 from shardfs.view.presentation import View
 from shardfs.writeback.overlay import Buffered, Kind, ShardRef, Whiteout
@@ -96,9 +102,11 @@ class Leftovers:
         running mount holds them."""
         path = self.directory + ".lock"
         while True:
-            os.makedirs(os.path.dirname(self.directory), mode=0o700, exist_ok=True)
+            _private_dir(os.path.dirname(self.directory))
+            if os.path.lexists(self.directory):
+                _private_dir(self.directory)  # checked: what restore reads comes from it
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fd = open_private(path, os.O_RDWR | os.O_CREAT)
             except FileNotFoundError:
                 continue  # its directory was removed as another mount left (see `save`)
             try:
@@ -220,13 +228,16 @@ class Leftovers:
                 chunks.update(_stored_chunks(workspace, ref))
                 if not chunks:
                     continue
-                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                _private_dir(self.directory)
                 name = self._save_name(ref)
                 _write(os.path.join(self.directory, name), ref[0], sorted(chunks.items()))
                 written.add(name)
                 kept.append(ref)
             if kept:
-                with open(os.path.join(self.directory, "source"), "w") as f:
+                fd = open_private(
+                    os.path.join(self.directory, "source"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                )
+                with open(fd, "w") as f:
                     f.write(self.source + "\n")
             for name in list(self._kept):
                 if name not in written:  # all its chunks were committed
@@ -259,7 +270,8 @@ class Leftovers:
             return name
         while True:
             try:
-                os.close(os.open(os.path.join(self.directory, name), os.O_CREAT | os.O_EXCL, 0o600))
+                path = os.path.join(self.directory, name)
+                os.close(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
                 return name
             except FileExistsError:
                 name = f"{name.removesuffix(SUFFIX)}.{secrets.token_hex(4)}{SUFFIX}"
@@ -362,7 +374,7 @@ def _write(
         "chunks": [[list(c), -1 if d is None else len(d)] for c, d in chunks],
     }
     temp = path + ".tmp"
-    with open(temp, "wb") as f:
+    with open(open_private(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
         f.write(json.dumps(header).encode() + b"\n")
         for _, data in chunks:
             if data is not None:
@@ -375,6 +387,16 @@ def _write(
     _sync_dir(os.path.dirname(path))
 
 
+def _private_dir(path: str) -> None:
+    """Make directory `path` of kept chunks (0700) if it is missing; UnsafeState, naming it
+    and why, if another user could change what is in it (and so what the next mount
+    commits)."""
+    try:
+        private_dir(path)
+    except UnsafeState as e:
+        raise UnsafeState(f"directory of kept chunks {e}") from None
+
+
 def _sync_dir(directory: str) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -385,7 +407,7 @@ def _sync_dir(directory: str) -> None:
 
 def _read(path: str) -> tuple[str, list[Chunk]]:
     """(array key, chunks) of a kept file; ValueError if it is not one."""
-    with open(path, "rb") as f:
+    with open(open_private(path, os.O_RDONLY), "rb") as f:
         header = json.loads(f.readline())
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise ValueError("not a file of kept chunks (format 1)")
