@@ -248,3 +248,31 @@ def test_documents_are_one_version_per_pass(
     assert len(document) == shown
     assert json.loads(document)["attributes"]["blob"] == "x" * 600_000
     assert "ERROR" not in mounted.log(), mounted.log()
+
+
+def test_a_listing_during_a_pass_keeps_the_size_of_the_version_read(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    """A pass over a chunk file during which its shard is replaced by one with a smaller
+    chunk, and its directory listed (readdirplus hands the kernel every file's size):
+    the pass still gives the old version whole, not cut at the new size."""
+    source, n = tmp_path / "src", 1 << 18
+    array = zarr.create_array(source, shape=(2 * n,), chunks=(n,), shards=(2 * n,), dtype="int32")
+    array[...] = np.random.default_rng(2).integers(0, 2**31, 2 * n, dtype="int32")
+    mounted = mount(source, "ro")
+    path = mounted.path / "c" / "0"
+    with open(path, "rb") as f:
+        expected = f.read()  # as the kernel has it now; then dropped by the replace below
+    size = os.stat(path).st_size
+
+    def meanwhile() -> None:
+        array[...] = 1  # zstd: a much smaller chunk
+        assert sorted(os.listdir(mounted.path / "c")) == ["0", "1"]
+
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the next pass asks the daemon
+    os.close(fd)
+    data = one_pass(path, meanwhile)
+    assert len(data) == size and data == expected
+    assert os.stat(path).st_size == size
+    assert "ERROR" not in mounted.log(), mounted.log()

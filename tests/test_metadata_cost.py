@@ -6,7 +6,7 @@ and parsed once per version: what lookups keep of it is its layout, small
 whatever the attributes, and the documents the view renders from it
 (`zarr.json`, `.zarray`, `.zattrs`, `.zmetadata`) are made again from the same
 version when they are read and too big to keep. The counts here are of reads
-of the document (a counting storage) and of its parses (`ZarrV3.parse`), and
+of the document (a counting storage) and of its parses (`ZarrV3.parse_spans`), and
 through a mount of the bytes the daemon reads (`rchar` of /proc/PID/io).
 """
 
@@ -88,14 +88,14 @@ class CountingStorage(LocalStorage):
 def parses(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """How many times a document at least `ATTRIBUTES` big was parsed."""
     counts: Counter[str] = Counter()
-    parse = ZarrV3.parse
+    parse = ZarrV3.parse_spans
 
-    def counting(self: ZarrV3, raw: bytes | None) -> dict[str, Any]:
+    def counting(self: ZarrV3, raw: bytes | None) -> tuple[dict[str, Any], Any]:
         if raw is not None and len(raw) >= ATTRIBUTES:
             counts["big"] += 1
         return parse(self, raw)
 
-    monkeypatch.setattr(ZarrV3, "parse", counting)
+    monkeypatch.setattr(ZarrV3, "parse_spans", counting)
     return counts
 
 

@@ -234,24 +234,3 @@ def test_a_torn_append_is_served_as_the_shard_before_it(
     assert "rolled back a torn append" in repaired.log()
     repaired.stop()
     assert (source / key).stat().st_size == size
-
-
-@pytest.mark.parametrize("change", ["none", "rename_over", "append", "remove"])
-def test_a_pin_knows_when_its_key_names_another_version(tmp_path: Path, change: str) -> None:
-    """What kernel-served reads ask before they reuse a reader: a local pin reads on from
-    the file it holds, so only the key's current stat tells it is outdated."""
-    storage = LocalStorage(str(tmp_path))
-    (tmp_path / "shard").write_bytes(b"a" * 100)
-    pin = storage.pin("shard", storage.stat("shard"))
-    if change == "rename_over":
-        (tmp_path / "new").write_bytes(b"b" * 100)
-        os.replace(tmp_path / "new", tmp_path / "shard")
-    elif change == "append":
-        with open(tmp_path / "shard", "ab") as f:
-            f.write(b"c")
-    elif change == "remove":
-        (tmp_path / "shard").unlink()
-    assert pin.outdated() is (change != "none")
-    if change != "append":
-        assert pin.read(0, 3) == b"aaa"  # still the pinned file
-    pin.close()

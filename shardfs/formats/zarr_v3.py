@@ -17,8 +17,10 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from json.decoder import scanstring
 from typing import Any
 
 import numpy as np
@@ -164,15 +166,92 @@ def is_array(meta: dict[str, Any]) -> bool:
 
 def parse_node(raw: bytes) -> dict[str, Any]:
     """Parse a Zarr v3 `zarr.json` document (array or group)."""
+    return parse_node_spans(raw)[0]
+
+
+def parse_node_spans(raw: bytes) -> tuple[dict[str, Any], tuple[int, int] | None]:
+    """`parse_node`, with the byte span of its top-level `attributes` value in `raw`
+    (None if it has none): what `with_attributes` splices into a document the view
+    writes, so that big attributes are copied as they are stored, never decoded and
+    encoded again. One pass of the C decoder, value by top-level value."""
     try:
-        meta = json.loads(raw)
+        text = raw.decode("utf-8")
+        meta, spans = _top_level(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidMetadata(f"zarr.json is not valid JSON: {e}") from None
+    except ValueError:  # not an object: let the decoder say what it is
+        try:
+            meta, spans = json.loads(raw), {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise InvalidMetadata(f"zarr.json is not valid JSON: {e}") from None
     if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
         raise InvalidMetadata("zarr.json is not Zarr v3 metadata (zarr_format is not 3)")
     if meta.get("node_type") not in ("array", "group"):
         raise InvalidMetadata(f"zarr.json has unknown node_type {meta.get('node_type')!r}")
-    return meta
+    span = spans.get("attributes")
+    if span is not None and len(text) != len(raw):  # not ASCII: characters to bytes
+        start = len(text[: span[0]].encode())
+        span = (start, start + len(text[span[0] : span[1]].encode()))
+    return meta, span
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _top_level(text: str) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
+    """A JSON object and the character span of each of its values (the last of a
+    duplicated key, as `json.loads` keeps). ValueError if `text` is not an object;
+    JSONDecodeError where it is not valid JSON."""
+    at = _SPACE.match(text).end()  # type: ignore[union-attr]
+    if not text.startswith("{", at):
+        raise ValueError("not an object")
+    meta: dict[str, Any] = {}
+    spans: dict[str, tuple[int, int]] = {}
+    at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+    if text.startswith("}", at):
+        at += 1
+    else:
+        while True:
+            if not text.startswith('"', at):
+                raise json.JSONDecodeError(
+                    "Expecting property name enclosed in double quotes", text, at
+                )
+            key, at = scanstring(text, at + 1)
+            at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+            if not text.startswith(":", at):
+                raise json.JSONDecodeError("Expecting ':' delimiter", text, at)
+            start = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+            meta[key], at = _DECODER.raw_decode(text, start)
+            spans[key] = (start, at)
+            at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
+            if text.startswith(",", at):
+                at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
+                continue
+            if not text.startswith("}", at):
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+            at += 1
+            break
+    if _SPACE.match(text, at).end() != len(text):  # type: ignore[union-attr]
+        raise json.JSONDecodeError("Extra data", text, at)
+    return meta, spans
+
+
+#: Where a document the view renders (`render`) from metadata with empty attributes holds
+#: them: a top-level key, indented once.
+_EMPTY_ATTRIBUTES = b'\n  "attributes": {}'
+
+
+def with_attributes(document: bytes, raw: bytes, span: tuple[int, int]) -> bytes:
+    """`document`, rendered from metadata whose attributes were emptied, with the
+    attributes of the stored document `raw` (at `span`) in their place, as stored."""
+    at = document.index(_EMPTY_ATTRIBUTES) + len(_EMPTY_ATTRIBUTES) - 2
+    return b"".join((document[:at], raw[span[0] : span[1]], document[at + 2 :]))
+
+
+def size_with_attributes(document: bytes, span: tuple[int, int]) -> int:
+    """The size of `with_attributes(document, raw, span)`, without `raw`."""
+    return len(document) - 2 + span[1] - span[0]
 
 
 def _regular_grid(

@@ -9,6 +9,7 @@ loop.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import functools
@@ -33,6 +34,7 @@ from shardfs.primitives.errors import (
     AttributesFixed,
     BadHandle,
     CannotMove,
+    CorruptData,
     InvalidRequest,
     InvalidWrite,
     IsADirectory,
@@ -240,6 +242,9 @@ class _ByInode(Generic[V]):
         item = self._items.pop(inode, None)
         if item is not None:
             self._close(inode, item)
+
+    def items(self) -> Iterable[tuple[int, V]]:
+        return self._items.items()
 
 
 @dataclass
@@ -493,6 +498,9 @@ class Operations(pyfuse3.Operations):
         for position in range(start_id, len(listing.entries)):
             name, node, attr = listing.entries[position]
             ino = self.inodes.assign(node)
+            live = self._readers.get(ino) if self.config.kernel_served else None
+            if live is not None:
+                attr = live.reader.attr()
             if not pyfuse3.readdir_reply(
                 token, os.fsencode(name), self._entry(ino, attr), position + 1
             ):
@@ -515,6 +523,7 @@ class Operations(pyfuse3.Operations):
             window = self._windows.get(fh)
             if window is None or window.run is not run or not window.start <= row < window.stop:
                 window = self._windows[fh] = _Window.of(run, row, self.inodes)
+                self._as_read(window)
             i = row - window.start
             stop = min(window.stop - window.start, i + 1024)
             if window.inos is None:  # counted: entries, referenced once sent
@@ -539,6 +548,19 @@ class Operations(pyfuse3.Operations):
             if sent < stop - i:
                 return False
         return True
+
+    def _as_read(self, window: _Window) -> None:
+        """Give the chunks of `window` that a pass is reading the attributes of the version
+        it reads (see `_shown`): a listing taken meanwhile must not tell the kernel a new
+        size while the pass goes on with the old version. Their inode numbers ascend."""
+        if window.inos is None:
+            return
+        for ino, live in self._readers.items():
+            i = bisect.bisect_left(window.inos, ino)
+            if i < len(window.inos) and window.inos[i] == ino:
+                attr = live.reader.attr()
+                window.sizes[i], window.blocks[i] = attr.size, -(-attr.size // 512)
+                window.mtimes[i] = attr.mtime_ns
 
     async def releasedir(self, fh: int) -> None:
         self._listings.pop(fh, None)
@@ -611,6 +633,8 @@ class Operations(pyfuse3.Operations):
             self._readers.put(inode, live)
         try:
             data = await self._run(live.reader.read, off, size)
+        except CorruptData:
+            raise  # the reader answers the kernel's retries with it, logged once
         except ShardfsError as e:
             self._readers.drop(inode)
             raise self._failed(inode, live.path, e, live.shown) from None
@@ -632,7 +656,7 @@ class Operations(pyfuse3.Operations):
         (once the reply is sent); reads as of that show go on failing until it asks for
         the file's attributes again, so that no read after it gets a version whose size
         it does not hold (the kernel itself retries a failed read at once)."""
-        if shown is None or not shown.stats or isinstance(error, MissingChunk):
+        if shown is None or not shown.stats or isinstance(error, CorruptData | MissingChunk):
             return error
         trio.lowlevel.spawn_system_task(_invalidate, inode)
         if self._failed_shows.get(inode) != shown.seq:

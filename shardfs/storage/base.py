@@ -139,12 +139,6 @@ class Pin:
         """The last `length` bytes of version `stat` (see `Storage.read_tail`)."""
         return self.storage.read_tail(self.key, length, self.stat.size, self.stat.version)
 
-    def outdated(self) -> bool:
-        """Whether the object at the key is no longer the pinned version (removed,
-        replaced or changed), however long the pinned one stays readable."""
-        now = self.storage.stat(self.key)
-        return now is None or now.version != self.stat.version
-
     def current(self) -> Stat | None:
         """The pinned object as it is now: None if it is gone."""
         return self.storage.stat(self.key)

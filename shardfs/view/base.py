@@ -231,16 +231,6 @@ class Reader:
         if self._pin is not None:
             self._pin.close()
 
-    @property
-    def pinned(self) -> bool:
-        """Whether it serves a version of a stored object (not a document the view made)."""
-        return self._pin is not None
-
-    def outdated(self) -> bool:
-        """Whether its stored object is another version now, for readers that outlive an
-        open (see the FUSE adapter's kernel-served reads)."""
-        return self._pin is not None and self._pin.outdated()
-
     def attr(self) -> Attr:
         """The file as opened: what `fstat` shows of it once its path names another file."""
         return Attr(False, self.size, self._stat.mtime_ns)

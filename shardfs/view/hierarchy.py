@@ -16,7 +16,7 @@ from typing import Any
 
 from shardfs.formats import zarr_draft
 from shardfs.formats.keys import ChunkKeyEncoding
-from shardfs.formats.zarr_v3 import parse_node
+from shardfs.formats.zarr_v3 import parse_node, parse_node_spans
 from shardfs.primitives.errors import (
     InvalidMetadata,
     NotADirectory,
@@ -72,6 +72,11 @@ class Hierarchy(ABC):
     def parse(self, raw: bytes | None) -> dict[str, Any]:
         """The node's metadata in final Zarr v3 form; InvalidMetadata if it has none."""
 
+    def parse_spans(self, raw: bytes | None) -> tuple[dict[str, Any], tuple[int, int] | None]:
+        """`parse`, with the byte span of the attributes in `raw` where a document the view
+        writes can take them as stored (see `zarr_v3.with_attributes`), else None."""
+        return self.parse(raw), None
+
     @abstractmethod
     def children(self, path: str) -> list[str]:
         """Names of the directories below node `path` that may hold nodes."""
@@ -98,8 +103,11 @@ class ZarrV3(Hierarchy):
         return self._stored(join(path, METADATA))
 
     def parse(self, raw: bytes | None) -> dict[str, Any]:
+        return self.parse_spans(raw)[0]
+
+    def parse_spans(self, raw: bytes | None) -> tuple[dict[str, Any], tuple[int, int] | None]:
         assert raw is not None
-        return parse_node(raw)
+        return parse_node_spans(raw)
 
     def children(self, path: str) -> list[str]:
         return [e.name for e in self.storage.list(path) if e.stat.is_dir]

@@ -36,12 +36,6 @@ class OpenFile(Protocol):
 class Opened(OpenFile, Protocol):
     """What `ViewInterface.open` gives: a reader that may pin a version of the source."""
 
-    #: Whether reads come from a version pinned at open, which `outdated` can compare with
-    #: the source (documents made by the view pin nothing).
-    pinned: bool
-
-    def outdated(self) -> bool: ...
-
     def close(self) -> None: ...
 
 

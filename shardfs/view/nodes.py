@@ -62,6 +62,9 @@ class ArrayView:
     slots: list[np.ndarray] = field(repr=False)
     #: the key of the stored document the array's view is made from
     source: str | None = None
+    #: where the attributes lie in that document (a byte span), for `with_attributes`;
+    #: None where its documents are rendered by parsing it (or it has none)
+    attributes: tuple[int, int] | None = None
 
     @property
     def version(self) -> tuple[str | None, object]:

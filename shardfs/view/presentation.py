@@ -39,7 +39,14 @@ from shardfs.formats.zarr_v2 import (
     v2_array,
     zattrs,
 )
-from shardfs.formats.zarr_v3 import Unshardable, level_slots, plain_layout, sharded_layout
+from shardfs.formats.zarr_v3 import (
+    Unshardable,
+    level_slots,
+    plain_layout,
+    sharded_layout,
+    size_with_attributes,
+    with_attributes,
+)
 from shardfs.formats.zarr_v3 import render as render_v3
 from shardfs.primitives.cache import LruCache
 from shardfs.primitives.errors import InvalidMetadata, NotFound, SourceChanged, StorageError
@@ -155,11 +162,11 @@ class Presentation:
         name = self.storage.describe(doc.key if doc.key is not None else key)
         try:
             raw = self.tree.read(doc)
-            meta = self.tree.parse(raw)
+            meta, span = self.tree.parse_spans(raw)
             if meta["node_type"] == "group":
                 view = self._group_view(key, doc, meta)
             else:
-                view = self._array_view(key, doc, meta)
+                view = self._array_view(key, doc, meta, span)
             if view is None:
                 return None
             docs = None
@@ -189,7 +196,9 @@ class Presentation:
             return GroupView(key, doc.stat, (METADATA,), doc.key)
         return None
 
-    def _array_view(self, key: str, doc: NodeDoc, meta: dict) -> ArrayView | None:
+    def _array_view(
+        self, key: str, doc: NodeDoc, meta: dict, span: tuple[int, int] | None
+    ) -> ArrayView | None:
         bare = _without_attributes(meta)
         layout = sharded_layout(bare)
         if (
@@ -214,7 +223,9 @@ class Presentation:
         stored = replace(layout, keys=self.tree.chunk_keys(layout.keys))
         data = self.tree.data_dir(key)
         slots = level_slots(stored)
-        return ArrayView(key, data, stored, doc.stat, names, docs, v2, slots, doc.key)
+        # A sharded array's zarr.json in the v3 view holds the stored attributes as they are.
+        spliced = span if v2 is None and stored.levels else None
+        return ArrayView(key, data, stored, doc.stat, names, docs, v2, slots, doc.key, spliced)
 
     def _in_ome(self, key: str) -> bool:
         """Whether the array at `key` lies in an OME-Zarr 0.5 hierarchy (a group above it
@@ -247,6 +258,8 @@ class Presentation:
             return {ZARRAY: render(view.v2.zarray), ZATTRS: self._zattrs(view, meta)}
         if not view.layout.levels:
             return {METADATA: render_v3(meta)}
+        if view.attributes is not None and raw is not None:
+            return {METADATA: with_attributes(view.layout.view_metadata, raw, view.attributes)}
         shown = json.loads(view.layout.view_metadata)  # the layout's, without attributes
         if "attributes" in meta:
             shown["attributes"] = meta["attributes"]
@@ -275,7 +288,10 @@ class Presentation:
 
     def _sizes(self, view: NodeView) -> dict[str, int]:
         """The sizes of the documents the view shows for `view` (rendered to learn them,
-        once per version: see `_load_meta`); SourceChanged as `_rendered`."""
+        once per version: see `_load_meta`, unless the stored attributes are spliced in
+        as they are); SourceChanged as `_rendered`."""
+        if isinstance(view, ArrayView) and view.attributes is not None:
+            return {METADATA: size_with_attributes(view.layout.view_metadata, view.attributes)}
         sizes = self.nodes.get(
             (view.key, view.version, "sizes"),
             lambda: {name: len(data) for name, data in self._rendered(view).items()},
