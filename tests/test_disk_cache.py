@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import zarr
 
+from shardfs.fuse.mounts import mount_type
 from shardfs.options import parse_options
 from shardfs.primitives.blocking import WouldBlock, nonblocking
 from shardfs.primitives.errors import CorruptData, UsageError
@@ -39,6 +40,7 @@ from shardfs.storage.disk_cache import DiskCache
 from shardfs.storage.s3 import S3Config, S3Storage
 from tests.conftest import Mounted
 from tests.s3 import S3Env
+from tests.test_cli import daemons_for, run, wait_gone
 
 BLOCK = 64 << 10  # above diskcache's 32 KiB, so each block is a file of its own
 
@@ -818,6 +820,76 @@ def test_two_mounts_share_one_cache_directory(s3: S3Env, mount, tmp_path: Path) 
         thread.join()
     for n in range(2):
         np.testing.assert_array_equal(results[n], data)
+
+
+@pytest.mark.fuse
+def test_a_mount_with_its_cache_on_a_full_then_read_only_file_system_says_so(
+    s3: S3Env, mount, tmp_path: Path
+) -> None:
+    """t5 and t7 c through mounts: the cache's file system fills up (the log says it is
+    full, never damaged), the next mount reads what it holds, and on a read-only file
+    system a mount says so and goes on without the cache. Every read is right."""
+    data = write_array(s3, 5)  # 16 shards of 32 KiB: more than the file system holds
+    with tmpfs(tmp_path / "small", "256k") as small:
+        options = [*s3.mount_options(), "ro", f"cache_dir={small}"]
+        s3.proxy.reset_counts()
+        first = mount(s3.url("root"), *options)
+        np.testing.assert_array_equal(chunk_by_chunk(first), data)
+        first.stop()
+        fetched = {entry[1] for entry in data_gets(s3)}
+        lines = [line for line in first.log().splitlines() if "WARNING" in line]
+        assert len(lines) == 1, lines
+        assert f"disk cache {small}: writing failed: the file system is full" in lines[0]
+        s3.proxy.reset_counts()
+        second = mount(s3.url("root"), *options)
+        np.testing.assert_array_equal(chunk_by_chunk(second), data)
+        second.stop()
+        assert "damaged" not in second.log()
+        again = {entry[1] for entry in data_gets(s3)}
+        assert again < fetched, "what the first mount kept is read from disk"
+        remount_read_only(small)
+        third = mount(s3.url("root"), *options)
+        np.testing.assert_array_equal(chunk_by_chunk(third), data)
+        third.stop()
+        lines = [line for line in third.log().splitlines() if "WARNING" in line]
+        assert len(lines) == 1 and lines[0].endswith(
+            f"WARNING cache_dir {small}: the file system is read-only; "
+            "going on without the disk cache"
+        ), lines
+
+
+@pytest.mark.fuse
+def test_a_detached_mount_shows_why_it_goes_without_a_cache_dir_another_user_made(
+    s3: S3Env, users, public_dir: Path, tmp_path: Path
+) -> None:
+    """t11 through a mount: another user makes the cache_dir first, in a directory like
+    /tmp. `shardfs mount` (detaching) says on its stderr, and in the daemon's log, that
+    it goes on without it; it reads right; it puts nothing in that directory."""
+    _, attacker = users
+    data = write_array(s3, 6)
+    squat = public_dir / "shardfs-cache"
+    done = attacker.run(f"import os; os.mkdir({str(squat)!r}); os.chmod({str(squat)!r}, 0o777)")
+    assert done.returncode == 0, done.stderr
+    mountpoint, log_file = tmp_path / "mnt", tmp_path / "daemon.log"
+    mountpoint.mkdir()
+    options = ",".join([*s3.mount_options(), "ro", f"cache_dir={squat}", f"log={log_file}"])
+    result = run("mount", s3.url("root"), str(mountpoint), "-o", options)
+    pids = daemons_for(mountpoint)
+    try:
+        assert result.returncode == 0, result.stderr
+        line = (
+            f"cache_dir {squat}: is owned by uid {attacker.uid}, not by the daemon's user "
+            "(uid 0); refused (another user could change it); going on without the disk cache"
+        )
+        assert result.stderr.splitlines() == [f"shardfs: WARNING: {line}"]
+        np.testing.assert_array_equal(zarr.open_array(mountpoint / "a", mode="r")[...], data)
+        logged = [entry for entry in log_file.read_text().splitlines() if "WARNING" in entry]
+        assert len(logged) == 1 and logged[0].endswith(f"WARNING {line}"), logged
+        assert os.listdir(squat) == []
+    finally:
+        if mount_type(str(mountpoint)) is not None:
+            assert run("umount", str(mountpoint)).returncode == 0
+        assert wait_gone(pids), "daemon still running after umount"
 
 
 def test_cache_options_are_checked(tmp_path: Path) -> None:
