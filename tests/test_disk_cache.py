@@ -42,7 +42,7 @@ from tests.conftest import Mounted
 from tests.s3 import S3Env
 from tests.test_cli import daemons_for, run, wait_gone
 
-BLOCK = 64 << 10  # above diskcache's 32 KiB, so each block is a file of its own
+BLOCK = 64 << 10  # small blocks: the tests read several of each object
 
 
 def content(size: int, seed: int = 0) -> bytes:
@@ -736,7 +736,7 @@ def test_s3_reads_of_a_version_come_from_disk_after_a_restart(s3: S3Env, tmp_pat
 
 # -- mounts -----------------------------------------------------------------------------------
 
-#: 16 shards of 32 KiB and an index: each above diskcache's 32 KiB, so a file of its own
+#: 16 shards of 32 KiB and an index: each object one block of its own
 SHAPE = (512, 512)
 
 
