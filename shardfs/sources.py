@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 from typing import TYPE_CHECKING
 
 from shardfs.options import MountOptions
 from shardfs.primitives.errors import InvalidMetadata, StorageError, UsageError
+from shardfs.primitives.private import UnsafeState
 from shardfs.storage import LocalStorage, Storage
 from shardfs.view import Namespace, View
 from shardfs.view.hierarchy import Hierarchy, open_hierarchy
@@ -50,24 +50,20 @@ def open_storage(source: str, options: MountOptions) -> Storage:
 
 
 def open_disk_cache(options: MountOptions) -> DiskCache | None:
-    """The disk cache `cache_dir` names, if any. A directory that cannot be used is the
-    user's to fix; a damaged cache database only costs the caching, so the mount goes on."""
+    """The disk cache `cache_dir` names, if any. A directory another user could change
+    (see `primitives.private`), or one that cannot be used (a full or read-only file
+    system), only costs the caching: one line says why, and the mount goes on."""
     if not options.cache_dir:
         return None
-    from shardfs.storage.disk_cache import DiskCache  # diskcache only when needed
+    from shardfs.storage.disk_cache import CacheUnusable, DiskCache
 
     try:
         return DiskCache(options.cache_dir, options.cache_size)
-    except OSError as e:
-        raise UsageError(f"cache_dir {options.cache_dir}: {e.strerror or e}") from None
-    except sqlite3.DatabaseError as e:
-        log.error(
-            "cache_dir %s: its database is damaged (%s); going on without the disk cache "
-            "(remove the directory to start it afresh)",
-            options.cache_dir,
-            e,
-        )
-        return None
+    except UnsafeState as e:
+        log.warning("cache_dir %s; going on without the disk cache", e)
+    except CacheUnusable as e:
+        log.warning("%s; going on without the disk cache", e)
+    return None
 
 
 def open_source(source: str, options: MountOptions | None = None) -> Hierarchy | PrecomputedSource:
