@@ -248,6 +248,8 @@ class Presentation:
             and not self.tree.translates
         ):
             return {METADATA: raw}  # a plain array served by the view: its document as stored
+        if isinstance(view, ArrayView) and view.attributes is not None and raw is not None:
+            return {METADATA: with_attributes(view.layout.view_metadata, raw, view.attributes)}
         if meta is None:
             meta = self.tree.parse(raw)
         if isinstance(view, GroupView):
@@ -258,8 +260,6 @@ class Presentation:
             return {ZARRAY: render(view.v2.zarray), ZATTRS: self._zattrs(view, meta)}
         if not view.layout.levels:
             return {METADATA: render_v3(meta)}
-        if view.attributes is not None and raw is not None:
-            return {METADATA: with_attributes(view.layout.view_metadata, raw, view.attributes)}
         shown = json.loads(view.layout.view_metadata)  # the layout's, without attributes
         if "attributes" in meta:
             shown["attributes"] = meta["attributes"]

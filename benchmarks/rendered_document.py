@@ -1,0 +1,94 @@
+"""What a big metadata document costs to read through a mount: the zarr.json the view
+writes for a sharded array (its stored attributes spliced in), against a group's zarr.json
+of the same size passed through as stored, and against `cat` of the source file.
+
+zarr-python 3 writes the array and the group, each with about `--size-mib` MiB of
+attributes. Each repetition mounts the source afresh (read-only, kernel-served) and reads
+the passed-through document and then the rendered one whole, with the source's page cache
+warm: what is timed is the mount's own cost, the lookup that parses the document included.
+Ratios are per repetition, rendered / passed through.
+
+    .venv/bin/python benchmarks/rendered_document.py [--size-mib 64] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import zarr
+from common import DataDir, Interrupts, MountManager, machine, run
+
+
+class Documents(DataDir):
+    def __init__(self, data: Path, size_mib: int) -> None:
+        super().__init__(data)
+        self.size_mib = size_mib
+
+    @property
+    def params(self) -> dict[str, object]:
+        return {"size_mib": self.size_mib}
+
+    def make(self) -> None:
+        """An array and a group whose attributes hold `size_mib` MiB of 1 KiB strings."""
+        if self.ready():
+            return
+        blob = {"blob": ["x" * 1000 + str(i) for i in range(self.size_mib * 1024)]}
+        zarr.create_group(self.source, overwrite=True)
+        array = zarr.create_array(
+            self.source / "array", shape=(64,), chunks=(8,), shards=(32,), dtype="int32"
+        )
+        array.attrs.update(blob)
+        zarr.open_group(self.source / "group", mode="a").attrs.update(blob)
+        self.marker.write_text(json.dumps(self.params))
+
+
+def timed_read(path: Path) -> tuple[float, int]:
+    start = time.perf_counter()
+    size = len(path.read_bytes())
+    return time.perf_counter() - start, size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mib", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--data", type=Path, default=Path("bench-data/rendered-document"))
+    args = parser.parse_args()
+    dataset = Documents(args.data, args.size_mib)
+    dataset.data.mkdir(parents=True, exist_ok=True)
+    dataset.make()
+    print(machine())
+    stored = dataset.source / "array" / "zarr.json"
+    print(f"stored array zarr.json: {stored.stat().st_size / (1 << 20):.1f} MiB")
+    mounts = MountManager(dataset, Interrupts())
+    rows: dict[str, list[float]] = {"cat source": [], "passed through": [], "rendered": []}
+    ratios = []
+    try:
+        for _ in range(args.repeat):
+            rows["cat source"].append(timed_read(stored)[0])
+            mounted = mounts.fresh()
+            passed, _ = timed_read(mounted.path / "group" / "zarr.json")
+            rendered, size = timed_read(mounted.path / "array" / "zarr.json")
+            mounts.stop()
+            rows["passed through"].append(passed)
+            rows["rendered"].append(rendered)
+            ratios.append(rendered / passed)
+    finally:
+        mounts.stop()
+    print(f"rendered array zarr.json: {size / (1 << 20):.1f} MiB")
+    print(f"{'read':<16} {'median s':>9} {'min':>7} {'max':>7}")
+    for name, times in rows.items():
+        print(f"{name:<16} {statistics.median(times):9.3f} {min(times):7.3f} {max(times):7.3f}")
+    print(
+        f"rendered / passed through, per repetition: median {statistics.median(ratios):.2f} "
+        f"({min(ratios):.2f}-{max(ratios):.2f}); target <= 2"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    run(main)
