@@ -24,6 +24,7 @@ import zarr
 
 from shardfs.fuse.adapter import INODE_AS_FH, INODE_READERS
 from tests.conftest import Mounted
+from tests.test_stats import stats
 
 pytestmark = [
     pytest.mark.fuse,
@@ -276,3 +277,22 @@ def test_a_listing_during_a_pass_keeps_the_size_of_the_version_read(
     assert len(data) == size and data == expected
     assert os.stat(path).st_size == size
     assert "ERROR" not in mounted.log(), mounted.log()
+
+
+def test_a_big_rendered_document_is_read_from_the_source_once_per_pass(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    """A sharded array's zarr.json bigger than the document cache (16 MiB): a whole read
+    of it through a kernel-served mount reads the stored document a few times (its
+    parse, its splice), not once per read request of 128 KiB as before."""
+    source = tmp_path / "src"
+    zarr.create_group(source)
+    array = zarr.create_array(source / "a", shape=(64,), chunks=(8,), shards=(32,), dtype="int32")
+    array.attrs.update({"blob": ["x" * 1000 + str(i) for i in range(20 * 1024)]})
+    stored = (source / "a" / "zarr.json").read_bytes()
+    mounted = mount(source, "ro")
+    document = (mounted.path / "a" / "zarr.json").read_bytes()
+    assert json.loads(document) == {**json.loads(stored), **json.loads(document)}
+    assert json.loads(document)["attributes"] == json.loads(stored)["attributes"]
+    reads = stats(mounted)["source"]["requests"]["read"]
+    assert reads <= 6, reads  # zarr.json of the root and of the array, a few times each
