@@ -296,3 +296,44 @@ def test_a_big_rendered_document_is_read_from_the_source_once_per_pass(
     assert json.loads(document)["attributes"] == json.loads(stored)["attributes"]
     reads = stats(mounted)["source"]["requests"]["read"]
     assert reads <= 6, reads  # zarr.json of the root and of the array, a few times each
+
+
+def test_without_kernel_serving_an_open_of_a_new_version_drops_the_old_pages(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    """`-o ro,kernel_cache=no` keeps file pages across opens; an open that finds another
+    version than the last open had the kernel drop them, so what it kept of the old
+    version is never read beside the new one's bytes."""
+    source, n = tmp_path / "src", 1 << 18
+    array = zarr.create_array(
+        source, shape=(2 * n,), chunks=(n,), shards=(2 * n,), dtype="int32", compressors=None
+    )
+    array[...] = 1
+    mounted = mount(source, "ro", "kernel_cache=no")
+    path = mounted.path / "c" / "0"
+    assert set(np.frombuffer(path.read_bytes(), "<i4").tolist()) == {1}
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 1 << 16, 0, os.POSIX_FADV_DONTNEED)  # the kernel keeps the first 64 KiB
+    os.close(fd)
+    array[...] = 2  # zarr-python renames a new shard over the old
+    assert set(np.frombuffer(path.read_bytes(), "<i4").tolist()) == {2}
+    assert set(np.frombuffer(path.read_bytes(), "<i4").tolist()) == {2}
+
+
+def test_without_kernel_serving_a_file_shown_then_replaced_is_read_whole(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    """`-o ro,kernel_cache=no`: a chunk file stat'ed, whose shard is then replaced with a
+    bigger chunk, and opened again: the open pins the new version and the kernel is made
+    to ask for its size, so the read gives it whole, not cut at the old size."""
+    source = tmp_path / "src"
+    array = zarr.create_array(source, shape=(64,), chunks=(16,), shards=(64,), dtype="int32")
+    array[...] = np.ones(64, "int32")
+    mounted = mount(source, "ro", "kernel_cache=no")
+    path = mounted.path / "c" / "0"
+    old = path.read_bytes()
+    array[...] = np.random.default_rng(1).integers(0, 2**31, 64, dtype="int32")
+    new = shard_chunk((source / "c" / "0").read_bytes(), 4, 0)
+    assert len(new) > len(old) == os.stat(path).st_size  # the kernel holds the old size
+    assert path.read_bytes() == new
+    assert "ERROR" not in mounted.log(), mounted.log()

@@ -19,7 +19,7 @@ import os
 import stat
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -290,6 +290,8 @@ class Operations(pyfuse3.Operations):
         self.versions = (
             KernelVersions(view.storage, config.cache_timeout) if config.kernel_served else None
         )
+        #: read-only mounts: the version each inode was last opened on (see `_open_file`)
+        self._opened: dict[int, Hashable] = {}
         #: the show whose reads last failed, by inode: logged once
         self._failed_shows: dict[int, int] = {}
         # a listing's window of prepared rows goes with it
@@ -453,6 +455,7 @@ class Operations(pyfuse3.Operations):
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, count in inode_list:
             self.inodes.forget(ino, count)
+            self._opened.pop(ino, None)
             self._readers.drop(ino)
             self._drop_listing(ino)
             if self.versions is not None:
@@ -575,13 +578,25 @@ class Operations(pyfuse3.Operations):
 
     # -- data ---------------------------------------------------------------------
 
-    def _open_file(self, inode: int, handle: OpenFile) -> pyfuse3.FileInfo:
+    def _open_file(
+        self, inode: int, handle: OpenFile, version: Hashable = None
+    ) -> pyfuse3.FileInfo:
         fh = next(self._next_fh)
         self._handles[fh] = handle
         self._inode_of[fh] = inode
         self._files_of.setdefault(inode, set()).add(fh)
-        # Data of an unchanged read-only source may stay in the page cache across opens.
-        return pyfuse3.FileInfo(fh=fh, keep_cache=self.config.read_only, direct_io=False)
+        # Data of an unchanged read-only source may stay in the page cache across opens;
+        # an open of another version than the last one has the kernel drop what it kept.
+        keep = self.config.read_only
+        if version is not None:
+            keep = keep and self._opened.get(inode, version) == version
+            if not keep:
+                # The size it holds may be another version's too: have it ask again (the
+                # attributes alone take no lock an open holds, so this is safe here).
+                with contextlib.suppress(OSError):
+                    pyfuse3.invalidate_inode(inode, attr_only=True)
+            self._opened[inode] = version
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=False)
 
     @_errors
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
@@ -602,7 +617,8 @@ class Operations(pyfuse3.Operations):
         if self.writes is None:
             if flags & _WRITE_FLAGS:
                 raise ReadOnly("this mount is read-only")
-            return self._open_file(inode, await self._run(self.view.open, node))
+            reader = await self._run(self.view.open, node)
+            return self._open_file(inode, reader, reader.version)
         return self._open_file(inode, await self._run(self.writes.open, node, flags))
 
     @_errors

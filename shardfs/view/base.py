@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import crc32c
 
 from shardfs.primitives.cache import LruCache
 from shardfs.primitives.errors import (
@@ -230,6 +232,15 @@ class Reader:
     def close(self) -> None:
         if self._pin is not None:
             self._pin.close()
+
+    @property
+    def version(self) -> Hashable:
+        """The version it serves: of the object its bytes are cut from (a shard, a file),
+        or a rendered document's checksum (`.zmetadata` is made from many documents)."""
+        if self._pin is None:
+            assert self._data is not None
+            return len(self._data), crc32c.crc32c(self._data)
+        return self._pin.key, self._stat.version
 
     def attr(self) -> Attr:
         """The file as opened: what `fstat` shows of it once its path names another file."""

@@ -10,6 +10,7 @@ meet these two protocols.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -35,6 +36,12 @@ class OpenFile(Protocol):
 
 class Opened(OpenFile, Protocol):
     """What `ViewInterface.open` gives: a reader that may pin a version of the source."""
+
+    @property
+    def version(self) -> Hashable:
+        """The version of the source it serves: equal for two readers of one file only if
+        they serve the same bytes."""
+        ...
 
     def close(self) -> None: ...
 
