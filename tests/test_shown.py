@@ -13,8 +13,9 @@ import zarr
 
 from shardfs.primitives.errors import SourceChanged
 from shardfs.storage import LocalStorage
+from shardfs.storage.base import Stat
 from shardfs.view import Namespace
-from shardfs.view.shown import KernelVersions
+from shardfs.view.shown import KernelVersions, Shown
 
 
 def replace(path: Path, data: bytes) -> None:
@@ -23,16 +24,24 @@ def replace(path: Path, data: bytes) -> None:
     os.replace(path.with_suffix(".new"), path)
 
 
-def test_a_show_records_what_was_consulted_and_reads_as_of_it(tmp_path: Path) -> None:
+def shown_then_replaced(
+    tmp_path: Path, versions_kept: int = 1024
+) -> tuple[LocalStorage, KernelVersions, Shown, Stat]:
+    """File `f` ("old") stat'ed and shown as inode 7, then renamed over with "newer"."""
     (tmp_path / "f").write_bytes(b"old")
     storage = LocalStorage(tmp_path)
-    versions = KernelVersions(storage, timeout=300)
+    versions = KernelVersions(storage, timeout=300, versions=versions_kept)
     with storage.recording() as seen:
         stat = storage.stat("f")
     assert seen == {"f": stat}
     shown = versions.show(seen, inode=7)
-    assert versions.latest(7, "") is shown
     replace(tmp_path / "f", b"newer")
+    return storage, versions, shown, stat
+
+
+def test_a_show_records_what_was_consulted_and_reads_as_of_it(tmp_path: Path) -> None:
+    storage, versions, shown, stat = shown_then_replaced(tmp_path)
+    assert versions.latest(7, "") is shown
     assert storage.stat("f").size == 5
     with versions.as_of(shown):
         assert storage.stat("f") == stat
@@ -47,25 +56,13 @@ def test_a_show_records_what_was_consulted_and_reads_as_of_it(tmp_path: Path) ->
 
 
 def test_a_version_not_kept_is_gone_once_replaced(tmp_path: Path) -> None:
-    (tmp_path / "f").write_bytes(b"old")
-    storage = LocalStorage(tmp_path)
-    versions = KernelVersions(storage, timeout=300, versions=0)
-    with storage.recording() as seen:
-        stat = storage.stat("f")
-    shown = versions.show(seen, inode=7)
-    replace(tmp_path / "f", b"newer")
+    storage, versions, shown, stat = shown_then_replaced(tmp_path, versions_kept=0)
     with versions.as_of(shown), pytest.raises(SourceChanged):
         storage.read("f", 0, 3, stat.version)
 
 
 def test_a_kept_version_dropped_while_read_leaves_the_reader_its_own(tmp_path: Path) -> None:
-    (tmp_path / "f").write_bytes(b"old")
-    storage = LocalStorage(tmp_path)
-    versions = KernelVersions(storage, timeout=300, versions=1)
-    with storage.recording() as seen:
-        stat = storage.stat("f")
-    shown = versions.show(seen, inode=7)
-    replace(tmp_path / "f", b"newer")
+    storage, versions, shown, stat = shown_then_replaced(tmp_path, versions_kept=1)
     with versions.as_of(shown):
         pin = storage.pin("f", stat)
     (tmp_path / "g").write_bytes(b"other")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
 
 from shardfs.primitives.errors import ShardfsError
 
@@ -76,25 +77,29 @@ def check_private_dir(path: str, shared: bool = False) -> None:
     directory in which the daemon makes a private directory of its own, such as the root
     of the write spool."""
     uid = os.geteuid()
-    try:
-        info = os.lstat(path)
-    except OSError as e:
-        raise UnsafeState(f"{path}: {e.strerror}") from None
-    reason = _unsafe(info, uid, sticky_ok=shared, root_ok=shared)
-    if reason:
-        raise UnsafeState(f"{path}: {reason}; refused (another user could change it)")
-    parent = os.path.dirname(os.path.realpath(path))
-    while True:
+    for directory, above in _path_and_parents(path):
         try:
-            info = os.stat(parent)
+            info = os.stat(directory) if above else os.lstat(directory)
         except OSError as e:
-            raise UnsafeState(f"{parent} (above {path}): {e.strerror}") from None
-        reason = _unsafe(info, uid, sticky_ok=True, root_ok=True)
-        if reason:
+            where = f"{directory} (above {path})" if above else path
+            raise UnsafeState(f"{where}: {e.strerror}") from None
+        reason = _unsafe(info, uid, sticky_ok=above or shared, root_ok=above or shared)
+        if reason and above:
             raise UnsafeState(
-                f"{path}: the directory {parent} above it {reason}; "
+                f"{path}: the directory {directory} above it {reason}; "
                 "refused (another user could replace it)"
             )
+        if reason:
+            raise UnsafeState(f"{path}: {reason}; refused (another user could change it)")
+
+
+def _path_and_parents(path: str) -> Iterator[tuple[str, bool]]:
+    """`path`, then every directory above its real path up to the root, each with whether
+    it is above."""
+    yield path, False
+    parent = os.path.dirname(os.path.realpath(path))
+    while True:
+        yield parent, True
         if parent == "/":
             return
         parent = os.path.dirname(parent)

@@ -799,20 +799,8 @@ class DiskCache:
         for name in _OLD_DATABASE:
             _unlink(os.path.join(self.directory, name))
         removed = 0
-        with os.scandir(self.directory) as entries:
-            tops = [
-                e.path
-                for e in entries
-                if _SUBDIR.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
-            ]
-        for top in tops:
-            with os.scandir(top) as entries:
-                subs = [
-                    e.path
-                    for e in entries
-                    if _SUBDIR.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
-                ]
-            for sub in subs:
+        for top in _fanout(self.directory):
+            for sub in _fanout(top):
                 with os.scandir(sub) as entries:
                     values = [e.path for e in entries if _OLD_VALUE.fullmatch(e.name)]
                 for path in values:
@@ -996,3 +984,12 @@ def _runs(indexes: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((index, index + 1))
     return runs
+
+
+def _fanout(directory: str) -> list[str]:
+    """The subdirectories of `directory` named as diskcache named its fan-out (`XX`), not
+    followed through symlinks."""
+    with os.scandir(directory) as entries:
+        return [
+            e.path for e in entries if _SUBDIR.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
+        ]
