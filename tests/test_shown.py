@@ -110,3 +110,16 @@ def test_a_chunk_is_served_as_shown_after_its_shard_is_renamed_over(tmp_path: Pa
         assert reader.attr().size == listed["0"] == len(old)
     with ns.open(ns.resolve("c/0")) as now:
         assert len(now.read(0, 1 << 20)) > len(old)
+
+
+def test_shows_are_dropped_beyond_the_versions_they_may_hold(tmp_path: Path) -> None:
+    """A listing of a directory of plain files holds a version per file: the oldest shows
+    go first once all of them hold more than their budget."""
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=300, stats=10)
+    first = versions.show({f"a/{i}": None for i in range(6)}, directory="a")
+    versions.show({"x": None}, inode=3)
+    assert versions.latest(9, "a") is first
+    second = versions.show({f"b/{i}": None for i in range(6)}, directory="b")
+    assert versions.latest(9, "a") is None  # 6 + 1 + 6 > 10: the oldest went
+    assert versions.latest(3, "") is not None and versions.latest(9, "b") is second

@@ -37,6 +37,9 @@ from shardfs.storage.base import Pin, Stat, Storage
 SLACK = 5.0
 #: Shows kept per inode and per directory.
 SHOWS_KEPT = 65536
+#: Object versions the kept shows hold in all (about 100 bytes each): a listing of a
+#: directory of plain files holds one per file.
+STATS_KEPT = 1 << 18
 #: Versions kept open (each a descriptor), the least recently shown dropped first.
 VERSIONS_KEPT = 1024
 #: Versions a listing may keep open; the rest of a big listing is read as it is now if it
@@ -64,10 +67,14 @@ class KernelVersions:
         timeout: float,
         shows: int = SHOWS_KEPT,
         versions: int = VERSIONS_KEPT,
+        stats: int = STATS_KEPT,
     ) -> None:
         self.storage = storage
         self.lifetime = timeout + SLACK
         self._budget = shows
+        self._stats_budget = stats
+        #: object versions the kept shows hold
+        self._held = 0
         self._inodes: OrderedDict[int, Shown] = OrderedDict()
         self._dirs: OrderedDict[str, Shown] = OrderedDict()
         self._kept: OrderedDict[tuple[str, Hashable], tuple[Pin, float]] = OrderedDict()
@@ -84,9 +91,10 @@ class KernelVersions:
         shown = Shown(next(self._seq), now, stats)
         table: OrderedDict = self._inodes if directory is None else self._dirs
         where = inode if directory is None else directory
-        table.pop(where, None)
+        self._held -= len(getattr(table.pop(where, None), "stats", ()))
         table[where] = shown
-        self._expire(table, now)
+        self._held += len(stats)
+        self._expire(now)
         self._keep(stats, now, None if directory is None else VERSIONS_PER_LISTING)
         return shown
 
@@ -101,7 +109,7 @@ class KernelVersions:
         return max(found, key=lambda s: s.seq) if found else None
 
     def forget(self, inode: int) -> None:
-        self._inodes.pop(inode, None)
+        self._held -= len(getattr(self._inodes.pop(inode, None), "stats", ()))
 
     @contextlib.contextmanager
     def as_of(self, shown: Shown | None) -> Iterator[None]:
@@ -120,20 +128,17 @@ class KernelVersions:
             return found[0].clone() if found is not None else None
 
     def _keep(self, stats: dict[str, Stat | None], now: float, limit: int | None) -> None:
-        """Keep open the versions of the files in `stats` not kept yet (up to `limit`), and
-        refresh those that are. A pin that cannot be made (the file already changed) is
-        left out: a read of it fails once, as for any version gone."""
-        added = 0
-        for key, stat in stats.items():
-            if stat is None or stat.is_dir:
-                continue
+        """Keep open the versions of the files in `stats` (the first `limit` of them), or
+        refresh those kept. A pin that cannot be made (the file already changed) is left
+        out: a read of it fails once, as for any version gone."""
+        files = (item for item in stats.items() if item[1] is not None and not item[1].is_dir)
+        for key, stat in itertools.islice(files, limit):
+            assert stat is not None
             with self._lock:
                 found = self._kept.pop((key, stat.version), None)
                 if found is not None:
                     self._kept[(key, stat.version)] = (found[0], now)
                     continue
-            if limit is not None and added >= limit:
-                continue
             try:
                 pin = self.storage.pin(key, stat)
             except ShardfsError:
@@ -141,7 +146,6 @@ class KernelVersions:
             if not pin.keeps_version:
                 pin.close()
                 return  # the store keeps no versions: nothing to keep of any
-            added += 1
             with self._lock:
                 self._kept[(key, stat.version)] = (pin, now)
         self._drop_kept(now)
@@ -159,13 +163,18 @@ class KernelVersions:
         for pin in dropped:  # a reader that cloned it holds its own descriptor
             pin.close()
 
-    def _expire(self, table: OrderedDict, now: float) -> None:
+    def _expire(self, now: float) -> None:
+        """Drop the oldest shows beyond the budgets, and those the kernel no longer holds."""
         deadline = now - self.lifetime
-        while table:
+        tables = (self._inodes, self._dirs)
+        while any(tables):
+            table = min((t for t in tables if t), key=lambda t: next(iter(t.values())).seq)
             first = next(iter(table.values()))
-            if len(table) <= self._budget and first.at > deadline:
+            over = len(table) > self._budget or self._held > self._stats_budget
+            if not over and first.at > deadline:
                 break
             table.popitem(last=False)
+            self._held -= len(first.stats)
 
     def close(self) -> None:
         """Let every kept version go (the mount ends)."""
