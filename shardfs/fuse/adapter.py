@@ -645,7 +645,7 @@ class Operations(pyfuse3.Operations):
             try:
                 live = await self._run(self._open_as_of, node, shown)
             except ShardfsError as e:
-                raise self._failed(inode, node.path, e, shown) from None
+                raise await self._failed(inode, node.path, e, shown) from None
             self._readers.put(inode, live)
         try:
             data = await self._run(live.reader.read, off, size)
@@ -653,7 +653,7 @@ class Operations(pyfuse3.Operations):
             raise  # the reader answers the kernel's retries with it, logged once
         except ShardfsError as e:
             self._readers.drop(inode)
-            raise self._failed(inode, live.path, e, live.shown) from None
+            raise await self._failed(inode, live.path, e, live.shown) from None
         if off + len(data) >= live.size or not data:
             self._readers.drop(inode)  # the pass is over: the kernel holds what it read
         return data
@@ -664,16 +664,19 @@ class Operations(pyfuse3.Operations):
             reader = self.view.open(node)
         return _Pass(reader, node.path, shown, reader.attr().size)
 
-    def _failed(
+    async def _failed(
         self, inode: int, path: str, error: ShardfsError, shown: Shown | None
     ) -> ShardfsError:
-        """A read that cannot be served as the kernel was shown the file (the version is
-        gone): the error to answer. The kernel is told to drop what it holds of the file
+        """The error to answer for a read that failed. If it failed because a version the
+        kernel was shown is gone, the kernel is told to drop what it holds of the file
         (once the reply is sent); reads as of that show go on failing until it asks for
         the file's attributes again, so that no read after it gets a version whose size
         it does not hold (the kernel itself retries a failed read at once)."""
         if shown is None or not shown.stats or isinstance(error, CorruptData | MissingChunk):
             return error
+        assert self.versions is not None
+        if not await self._run(self.versions.changed, shown):
+            return error  # the source holds what was shown: a failure of its own
         trio.lowlevel.spawn_system_task(_invalidate, inode)
         if self._failed_shows.get(inode) != shown.seq:
             self._failed_shows[inode] = shown.seq

@@ -42,6 +42,8 @@ SHOWS_KEPT = 65536
 STATS_KEPT = 1 << 18
 #: Versions kept open (each a descriptor), the least recently shown dropped first.
 VERSIONS_KEPT = 1024
+#: Objects of a show asked about after a read as of it failed (see `changed`).
+CHANGES_ASKED = 256
 #: Versions a listing may keep open; the rest of a big listing is read as it is now if it
 #: changes (keeping them all would open every file of a directory of plain files).
 VERSIONS_PER_LISTING = 64
@@ -110,6 +112,15 @@ class KernelVersions:
 
     def forget(self, inode: int) -> None:
         self._held -= len(getattr(self._inodes.pop(inode, None), "stats", ()))
+
+    def changed(self, shown: Shown) -> bool:
+        """Whether a file the show names (of the first `CHANGES_ASKED`) is another version
+        now: what tells a read that failed because its version is gone from one that
+        failed for another reason."""
+        files = (item for item in shown.stats.items() if item[1] is None or not item[1].is_dir)
+        return any(
+            self.storage.stat(key) != stat for key, stat in itertools.islice(files, CHANGES_ASKED)
+        )
 
     @contextlib.contextmanager
     def as_of(self, shown: Shown | None) -> Iterator[None]:
