@@ -51,6 +51,8 @@ def parse_size(text: str) -> int:
 class MountOptions:
     read_only: bool = False
     allow_other: bool = False
+    #: mount over a mountpoint that is not empty (checked by shardfs; libfuse 3 has no such option)
+    nonempty: bool = False
     debug: bool = False
     index_cache: int = 64 << 20
     view: str = "v3"
@@ -104,13 +106,20 @@ class MountOptions:
     def leftover_dir(self, source_id: str) -> str:
         """Where chunks that could not be committed at unmount are kept for the next mount
         of the source `source_id`: below `spool=DIR` if given, else in a state directory
-        that outlives reboots (/var/lib/shardfs for root)."""
+        that outlives reboots: /var/lib/shardfs for root, else $XDG_STATE_HOME/shardfs if
+        that is a directory of the user's, else ~/.local/state/shardfs below the home
+        directory of the passwd database, never $HOME as given (mount.fuse3 gives a
+        user's fstab mount HOME=/root)."""
+        from shardfs.primitives.private import home_dir, own_directory
+
         if self.spool:
             base = self.spool
         elif os.geteuid() == 0:
             base = "/var/lib/shardfs"
         else:
-            state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+            state = os.environ.get("XDG_STATE_HOME")
+            if not own_directory(state):
+                state = os.path.join(home_dir(os.geteuid()), ".local", "state")
             base = os.path.join(state, "shardfs")
         name = hashlib.sha256(source_id.encode()).hexdigest()[:24]
         return os.path.join(base, "pending", name)
@@ -145,7 +154,10 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             name, has_value, value = item.partition("=")
             if name in IGNORED or name == "comment" or name.startswith("x-"):
                 continue
-            if name in ("ro", "rw", "allow_other", "debug", "anon", *KERNEL_FLAGS) and has_value:
+            if (
+                name in ("ro", "rw", "allow_other", "nonempty", "debug", "anon", *KERNEL_FLAGS)
+                and has_value
+            ):
                 raise UsageError(f"option {name!r} takes no value")
             if name == "ro":
                 options.read_only = True
@@ -153,6 +165,8 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.read_only = False
             elif name == "allow_other":
                 options.allow_other = True
+            elif name == "nonempty":
+                options.nonempty = True
             elif name == "debug":
                 options.debug = True
             elif name == "index_cache":
