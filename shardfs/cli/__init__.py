@@ -39,7 +39,7 @@ from shardfs.maintenance import (
     fsck,
     progress_bar,
 )
-from shardfs.options import MountOptions, parse_options, parse_size
+from shardfs.options import MountOptions, help_text, parse_options, parse_size
 from shardfs.primitives.errors import ShardfsError, UsageError
 from shardfs.primitives.private import UnsafeState, home_dir, own_directory
 from shardfs.sources import is_local, open_leftovers, open_source, open_view
@@ -65,6 +65,9 @@ def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     mount = commands.add_parser(
         "mount",
         help="mount SOURCE at MOUNTPOINT (also without the word `mount`, as mount.fuse3 runs it)",
+        description="Mount SOURCE at MOUNTPOINT: its sharded arrays appear unsharded.",
+        epilog=help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     mount.add_argument(
         "source",
@@ -73,19 +76,14 @@ def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
             "Neuroglancer precomputed volume"
         ),
     )
-    mount.add_argument("mountpoint", help="an existing, empty directory")
+    mount.add_argument("mountpoint", help="an existing, empty directory (see nonempty)")
     mount.add_argument(
         "-o",
         dest="options",
         action="append",
         default=[],
         metavar="OPT[,OPT...]",
-        help=(
-            "ro, rw, allow_other, debug, index_cache=SIZE, view=v3|v2, log=FILE, "
-            "write_buffer=SIZE, flush_interval=SECONDS, spool=DIR, shard_new=N, "
-            "read_cache=SIZE, listing_cache=SIZE, inodes=N; the generic "
-            "options of mount(8) and fstab are accepted too"
-        ),
+        help="mount options, comma-separated, repeatable: see the list below",
     )
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     umount = commands.add_parser(
