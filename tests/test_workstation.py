@@ -237,14 +237,16 @@ def test_an_fstab_user_line_mounts_for_an_ordinary_user(
     victim = users[0]
     src, mp = workplace / "src", workplace / "mp"
     fstab = workplace / "fstab"
-    # type `fuse` with PROGRAM#SOURCE: mount.fuse3 runs PROGRAM (this checkout's shardfs as
-    # the user runs it) where a `fuse.shardfs` line runs `shardfs` from the default PATH
-    fstab.write_text(f"{user_shardfs.command}#{src}  {mp}  fuse  user,noauto,{mode}  0 0\n")
+    # mount.fuse3 runs `shardfs` as found on the PATH, which mount(8) keeps for a user's mount
+    fstab.write_text(f"{src}  {mp}  fuse.shardfs  user,noauto,{mode}  0 0\n")
+    path = f"{os.path.dirname(user_shardfs.command)}:/usr/bin:/bin"
     os.chmod(fstab, 0o644)
     shutil.rmtree(_state_of(victim), ignore_errors=True)
     with dev_fuse_mode(0o666):
         # without HOME (as at boot, or from a service), mount.fuse3 gives the daemon HOME=/root
-        mounted = victim.run_command(["mount", "-T", str(fstab), str(mp)], env={"HOME": None})
+        mounted = victim.run_command(
+            ["mount", "-T", str(fstab), str(mp)], env={"HOME": None, "PATH": path}
+        )
         try:
             assert mounted.returncode == 0, mounted.stdout + mounted.stderr
             assert mount_type(str(mp)) == "fuse.shardfs"
