@@ -41,12 +41,18 @@ IGNORED = frozenset(_IGNORED)
 #: show them: (forms, meaning), both in Markdown. Every option `parse_options` takes is named
 #: in a form (`name` or `name=VALUE`), and nothing else is taken,
 #: so the help and the README (whose table `markdown_table` renders; a test compares them)
-#: cannot leave an option out. The generic options of mount(8) follow (`GENERIC`).
+#: cannot leave an option out. The generic options of mount(8) follow them (`_generic`).
 TABLE: tuple[tuple[str, str], ...] = (
-    ("`ro`", "read-only mount; the kernel may then cache data, entries and attributes for 300 s"),
+    (
+        "`ro`",
+        "read-only mount; the kernel may then cache data, entries and attributes for 300 s",
+    ),
     (
         "`rw`",
-        "the default: writes are buffered and committed into the shards (see [Writing through the mount](#writing-through-the-mount))",
+        (
+            "the default: writes are buffered and committed into the shards (see [Writing through"
+            " the mount](#writing-through-the-mount))"
+        ),
     ),
     (
         "`write_buffer=SIZE`",
@@ -58,7 +64,11 @@ TABLE: tuple[tuple[str, str], ...] = (
     ),
     (
         "`spool=DIR`",
-        "where written data spills beyond `write_buffer` (default: a temporary directory); refused if another user could change it (a symlink, another user's, or writable by others unless sticky as /tmp)",
+        (
+            "where written data spills beyond `write_buffer` (default: a temporary directory); "
+            "refused if another user could change it (a symlink, another user's, or writable by "
+            "others unless sticky as /tmp)"
+        ),
     ),
     (
         "`shard_new=N`",
@@ -66,11 +76,17 @@ TABLE: tuple[tuple[str, str], ...] = (
     ),
     (
         "`allow_other`",
-        "let other users see the mount (needs `user_allow_other` in `/etc/fuse.conf` for non-root)",
+        (
+            "let other users see the mount (needs `user_allow_other` in `/etc/fuse.conf` for "
+            "non-root)"
+        ),
     ),
     (
         "`nonempty`",
-        "mount over a mountpoint that is not empty, hiding what is in it (without it such a mountpoint is refused)",
+        (
+            "mount over a mountpoint that is not empty, hiding what is in it (without it such a "
+            "mountpoint is refused)"
+        ),
     ),
     (
         "`index_cache=SIZE`",
@@ -86,36 +102,70 @@ TABLE: tuple[tuple[str, str], ...] = (
     ),
     (
         "`cache_dir=DIR`, `cache_size=SIZE`",
-        "S3: keep fetched indexes and chunk bytes on local disk in DIR, shared by the mounts of the host and kept across restarts, at most SIZE (default 10G). DIR is made 0700 (its files 0600) and must be the daemon user's alone: one another user owns or could write is refused with a warning and the mount goes on without the cache; see [docs/semantics.md](docs/semantics.md#s3-sources-s3bucketprefix)",
+        (
+            "S3: keep fetched indexes and chunk bytes on local disk in DIR, shared by the mounts "
+            "of the host and kept across restarts, at most SIZE (default 10G). DIR is made 0700 "
+            "(its files 0600) and must be the daemon user's alone: one another user owns or could"
+            " write is refused with a warning and the mount goes on without the cache; see "
+            "[docs/semantics.md](docs/semantics.md#s3-sources-s3bucketprefix)"
+        ),
     ),
     (
         "`listing_cache=SIZE`",
-        "budget for the chunk files of directory listings, kept under the versions of the shards they come from (default 64M; about 40 bytes per chunk)",
+        (
+            "budget for the chunk files of directory listings, kept under the versions of the "
+            "shards they come from (default 64M; about 40 bytes per chunk)"
+        ),
     ),
     (
         "`inodes=N`",
-        "inodes of directories, metadata and passed-through files the daemon keeps for the kernel before it asks the kernel to forget the oldest (default 100000; chunk files need none, see [Scale](docs/performance.md#scale))",
+        (
+            "inodes of directories, metadata and passed-through files the daemon keeps for the "
+            "kernel before it asks the kernel to forget the oldest (default 100000; chunk files "
+            "need none, see [Scale](docs/performance.md#scale))"
+        ),
     ),
     (
         "`kernel_cache=yes` or `kernel_cache=no`",
-        "read-only mounts: let the kernel serve re-reads and listings without asking the daemon (default `yes` where pyfuse3 carries the patch in [patches/](patches/README.md), which `scripts/setup` builds; see [docs/semantics.md](docs/semantics.md#kernel-served-read-only-mounts))",
+        (
+            "read-only mounts: let the kernel serve re-reads and listings without asking the "
+            "daemon (default `yes` where pyfuse3 carries the patch in "
+            "[patches/](patches/README.md), which `scripts/setup` builds; see "
+            "[docs/semantics.md](docs/semantics.md#kernel-served-read-only-mounts))"
+        ),
     ),
     (
         "`cache_timeout=SECONDS`",
-        "read-only mounts: how long the kernel trusts the entries, attributes, pages and listings it keeps before it asks again, so the bound on seeing a changed source (default 300)",
+        (
+            "read-only mounts: how long the kernel trusts the entries, attributes, pages and "
+            "listings it keeps before it asks again, so the bound on seeing a changed source "
+            "(default 300)"
+        ),
     ),
     (
         "`endpoint_url=URL`",
-        "S3: the endpoint of an S3-compatible store (MinIO, Ceph, ...); default AWS, or `AWS_ENDPOINT_URL`",
+        (
+            "S3: the endpoint of an S3-compatible store (MinIO, Ceph, ...); default AWS, or "
+            "`AWS_ENDPOINT_URL`"
+        ),
     ),
     (
         "`region=NAME`, `profile=NAME`",
-        "S3: region, and a profile of `~/.aws/config` (credentials otherwise come from boto3's usual chain)",
+        (
+            "S3: region, and a profile of `~/.aws/config` (credentials otherwise come from "
+            "boto3's usual chain)"
+        ),
     ),
-    ("`anon`", "S3: unsigned requests, for public buckets"),
+    (
+        "`anon`",
+        "S3: unsigned requests, for public buckets",
+    ),
     (
         "`metadata_ttl=SECONDS`",
-        "S3: how long listings and stats are cached (default 1; 300 with `ro`; `forever` for immutable data)",
+        (
+            "S3: how long listings and stats are cached (default 1; 300 with `ro`; `forever` for "
+            "immutable data)"
+        ),
     ),
     (
         "`timeout=SECONDS`",
@@ -125,14 +175,25 @@ TABLE: tuple[tuple[str, str], ...] = (
         "`stats_interval=SECONDS`",
         "log a one-line summary of `shardfs stats` every SECONDS (default: never)",
     ),
-    ("`debug`", "log every request (one DEBUG line per FUSE request)"),
+    (
+        "`debug`",
+        "log every request (one DEBUG line per FUSE request)",
+    ),
     (
         "`log=FILE`",
-        "where the detached daemon logs (default: syslog if `/dev/log` exists; in the foreground and under systemd: stderr, which systemd sends to the journal)",
+        (
+            "where the detached daemon logs (default: syslog if `/dev/log` exists; in the "
+            "foreground and under systemd: stderr, which systemd sends to the journal)"
+        ),
     ),
     (
         "`user`, `users`, `owner`",
-        "fstab: let ordinary users mount the line (mount(8) decides who may); the daemon then runs as that user, with its state below the home directory the passwd database gives that user, so it works as a user's own `shardfs mount` (see [Mounting as an ordinary user](#mounting-as-an-ordinary-user))",
+        (
+            "fstab: let ordinary users mount the line (mount(8) decides who may); the daemon then"
+            " runs as that user, with its state below the home directory the passwd database "
+            "gives that user, so it works as a user's own `shardfs mount` (see [Mounting as an "
+            "ordinary user](#mounting-as-an-ordinary-user))"
+        ),
     ),
 )
 

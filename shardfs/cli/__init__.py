@@ -236,7 +236,10 @@ def check_fuse_device(device: str = FUSE_DEVICE) -> None:
         return
     mode = stat_mod.S_IMODE(info.st_mode)
     owner, group = _user_name(info.st_uid), _group_name(info.st_gid)
-    fix = f"an administrator can let every user mount with `sudo chmod 0666 {device}` (Debian's default)"
+    fix = (
+        f"an administrator can let every user mount with `sudo chmod 0666 {device}` "
+        "(Debian's default)"
+    )
     if info.st_gid != 0:
         fix += f", or let you in with mode 0660 and membership of its group {group}"
     raise UsageError(
