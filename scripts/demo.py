@@ -65,8 +65,18 @@ def main() -> None:
         print(read[:4, :8])
         assert np.array_equal(read, values), "values differ"
         print("all 4096 values match what was written")
+        shards = sum(1 for p in (SOURCE / "image" / "c").rglob("*") if p.is_file())
+        chunks = sum(len(files) for _, _, files in os.walk(MOUNT / "image" / "c"))
     finally:
         run(SHARDFS, "umount", str(MOUNT))
+    print(
+        f"\nwhat happened: the {shards} stored shards of image/ were shown as {chunks} plain "
+        "chunk files, one per inner chunk, served from the shards (nothing was copied)"
+    )
+    print("next: mount your own sharded Zarr v3 directory (README: Quick start)")
+    print('  export PATH="$PWD/.venv/bin:$PATH"')
+    print("  mkdir -p ~/mnt/zarr && shardfs mount path/to/your.zarr ~/mnt/zarr -o ro")
+    print("  ls ~/mnt/zarr; shardfs umount ~/mnt/zarr")
 
 
 if __name__ == "__main__":

@@ -25,18 +25,237 @@ if TYPE_CHECKING:
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 #: Mount flags the kernel takes (through libfuse), passed on as given.
-KERNEL_FLAGS = frozenset(
-    ("suid", "nosuid", "dev", "nodev", "exec", "noexec", "sync", "async", "dirsync", "atime",
-     "noatime")
-)  # fmt: skip
+_KERNEL_FLAGS = ("nosuid", "nodev", "noexec", "suid", "dev", "exec", "sync", "async", "dirsync",
+                 "atime", "noatime")  # fmt: skip
+KERNEL_FLAGS = frozenset(_KERNEL_FLAGS)
 #: Options for mount(8), fstab and systemd, or atime variants FUSE mounts cannot take:
 #: accepted and ignored. Options starting with `x-` (`x-systemd.automount`, ...) too.
-IGNORED = frozenset(
-    ("defaults", "auto", "noauto", "nofail", "_netdev", "user", "nouser", "users", "owner",
-     "group", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime",
-     "nolazytime", "diratime", "nodiratime", "symfollow", "nosymfollow", "iversion",
-     "noiversion", "mand", "nomand", "loud", "silent")
-)  # fmt: skip
+_IGNORED = ("defaults", "auto", "noauto", "nofail", "_netdev", "user", "nouser", "users", "owner",
+            "group", "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime",
+            "nolazytime", "diratime", "nodiratime", "symfollow", "nosymfollow", "iversion",
+            "noiversion", "mand", "nomand", "loud", "silent")  # fmt: skip
+IGNORED = frozenset(_IGNORED)
+
+
+#: The options of `shardfs mount`, in the order the README's table and `shardfs mount --help`
+#: show them: (forms, meaning), both in Markdown. Every option `parse_options` takes is named
+#: in a form (`name` or `name=VALUE`), and nothing else is taken,
+#: so the help and the README (whose table `markdown_table` renders; a test compares them)
+#: cannot leave an option out. The generic options of mount(8) follow them (`_generic`).
+TABLE: tuple[tuple[str, str], ...] = (
+    (
+        "`ro`",
+        "read-only mount; the kernel may then cache data, entries and attributes for 300 s",
+    ),
+    (
+        "`rw`",
+        (
+            "the default: writes are buffered and committed into the shards (see [Writing through"
+            " the mount](#writing-through-the-mount))"
+        ),
+    ),
+    (
+        "`write_buffer=SIZE`",
+        "memory for written, not yet committed data before it spills to disk (default 256M)",
+    ),
+    (
+        "`flush_interval=SECONDS`",
+        "commit a shard at the latest this long after its first pending change (default 5)",
+    ),
+    (
+        "`spool=DIR`",
+        (
+            "where written data spills beyond `write_buffer` (default: a temporary directory); "
+            "refused if another user could change it (a symlink, another user's, or writable by "
+            "others unless sticky as /tmp)"
+        ),
+    ),
+    (
+        "`shard_new=N`",
+        "store arrays created through the mount sharded, N inner chunks per shard along each axis",
+    ),
+    (
+        "`allow_other`",
+        (
+            "let other users see the mount (needs `user_allow_other` in `/etc/fuse.conf` for "
+            "non-root)"
+        ),
+    ),
+    (
+        "`nonempty`",
+        (
+            "mount over a mountpoint that is not empty, hiding what is in it (without it such a "
+            "mountpoint is refused)"
+        ),
+    ),
+    (
+        "`index_cache=SIZE`",
+        "budget of the decoded shard index cache, bytes with optional K/M/G suffix (default 64M)",
+    ),
+    (
+        "`view=v3` or `view=v2`",
+        "show the hierarchy as Zarr v3 (default) or as zarr v2, for readers that know only v2",
+    ),
+    (
+        "`read_cache=SIZE`",
+        "S3: budget for chunks fetched ahead of their reads (default 64M; 0 turns read-ahead off)",
+    ),
+    (
+        "`cache_dir=DIR`, `cache_size=SIZE`",
+        (
+            "S3: keep fetched indexes and chunk bytes on local disk in DIR, shared by the mounts "
+            "of the host and kept across restarts, at most SIZE (default 10G). DIR is made 0700 "
+            "(its files 0600) and must be the daemon user's alone: one another user owns or could"
+            " write is refused with a warning and the mount goes on without the cache; see "
+            "[docs/semantics.md](docs/semantics.md#s3-sources-s3bucketprefix)"
+        ),
+    ),
+    (
+        "`listing_cache=SIZE`",
+        (
+            "budget for the chunk files of directory listings, kept under the versions of the "
+            "shards they come from (default 64M; about 40 bytes per chunk)"
+        ),
+    ),
+    (
+        "`inodes=N`",
+        (
+            "inodes of directories, metadata and passed-through files the daemon keeps for the "
+            "kernel before it asks the kernel to forget the oldest (default 100000; chunk files "
+            "need none, see [Scale](docs/performance.md#scale))"
+        ),
+    ),
+    (
+        "`kernel_cache=yes` or `kernel_cache=no`",
+        (
+            "read-only mounts: let the kernel serve re-reads and listings without asking the "
+            "daemon (default `yes` where pyfuse3 carries the patch in "
+            "[patches/](patches/README.md), which `scripts/setup` builds; see "
+            "[docs/semantics.md](docs/semantics.md#kernel-served-read-only-mounts))"
+        ),
+    ),
+    (
+        "`cache_timeout=SECONDS`",
+        (
+            "read-only mounts: how long the kernel trusts the entries, attributes, pages and "
+            "listings it keeps before it asks again, so the bound on seeing a changed source "
+            "(default 300)"
+        ),
+    ),
+    (
+        "`endpoint_url=URL`",
+        (
+            "S3: the endpoint of an S3-compatible store (MinIO, Ceph, ...); default AWS, or "
+            "`AWS_ENDPOINT_URL`"
+        ),
+    ),
+    (
+        "`region=NAME`, `profile=NAME`",
+        (
+            "S3: region, and a profile of `~/.aws/config` (credentials otherwise come from "
+            "boto3's usual chain)"
+        ),
+    ),
+    (
+        "`anon`",
+        "S3: unsigned requests, for public buckets",
+    ),
+    (
+        "`metadata_ttl=SECONDS`",
+        (
+            "S3: how long listings and stats are cached (default 1; 300 with `ro`; `forever` for "
+            "immutable data)"
+        ),
+    ),
+    (
+        "`timeout=SECONDS`",
+        "S3: connect and read timeout of one request before it is retried (default 30)",
+    ),
+    (
+        "`stats_interval=SECONDS`",
+        "log a one-line summary of `shardfs stats` every SECONDS (default: never)",
+    ),
+    (
+        "`debug`",
+        "log every request (one DEBUG line per FUSE request)",
+    ),
+    (
+        "`log=FILE`",
+        (
+            "where the detached daemon logs (default: syslog if `/dev/log` exists; in the "
+            "foreground and under systemd: stderr, which systemd sends to the journal)"
+        ),
+    ),
+    (
+        "`user`, `users`, `owner`",
+        (
+            "fstab: let ordinary users mount the line (mount(8) decides who may); the daemon then"
+            " runs as that user, with its state below the home directory the passwd database "
+            "gives that user, so it works as a user's own `shardfs mount` (see [Mounting as an "
+            "ordinary user](#mounting-as-an-ordinary-user))"
+        ),
+    ),
+)
+
+
+def _names(forms: str) -> list[str]:
+    """The option names in a `forms` cell: `name`, `name=VALUE`."""
+    return re.findall(r"`([a-z_]+)(?=[=`])", forms)
+
+
+#: The options `parse_options` takes besides the generic ones: those of TABLE.
+OWN = frozenset(name for forms, _ in TABLE for name in _names(forms)) - IGNORED
+
+
+def _generic() -> str:
+    """The meaning of the generic options' row, from KERNEL_FLAGS and IGNORED."""
+    flags = ", ".join(f"`{flag}`" for flag in _KERNEL_FLAGS)
+    tabled = {name for forms, _ in TABLE for name in _names(forms)}
+    ignored = ", ".join(f"`{name}`" for name in _IGNORED if name not in tabled)
+    return (
+        f"what mount(8), fstab and systemd pass: {flags} go to the kernel (the last of a pair "
+        f"wins); {ignored}, `comment=...` and `x-*` (`x-systemd.automount`, ...) are for "
+        "mount(8) and systemd, or atime variants FUSE cannot take: accepted and ignored"
+    )
+
+
+def markdown_table() -> str:
+    """The README's table of mount options (a test checks that the README holds it)."""
+    rows = [*TABLE, ("generic options", _generic())]
+    return "\n".join(
+        [
+            "| option | meaning |",
+            "|---|---|",
+            *(f"| {forms} | {meaning} |" for forms, meaning in rows),
+        ]
+    )
+
+
+def _plain(markdown: str) -> str:
+    """Markdown of the table as plain text: no backticks; a link as its text, followed by
+    its target unless the text is a path already."""
+
+    def link(match: re.Match[str]) -> str:
+        text, target = match.group(1), match.group(2).partition("#")[0]
+        if not target:
+            return f'"{text}" in the README'
+        return text if target in (text, text + "README.md") else f"{text} ({target})"
+
+    return re.sub(r"\[([^\]]+)\]\(([^)]+)\)", link, markdown).replace("`", "")
+
+
+def help_text(width: int = 100) -> str:
+    """The mount options as `shardfs mount --help` lists them: every row of TABLE and the
+    generic options, each form then its meaning wrapped below it."""
+    import textwrap
+
+    out = ["mount options (-o OPT[,OPT...]):"]
+    for forms, meaning in [*TABLE, ("generic options", _generic())]:
+        out.append("  " + _plain(forms))
+        out += textwrap.wrap(
+            _plain(meaning), width, initial_indent=" " * 6, subsequent_indent=" " * 6
+        )
+    return "\n".join(out)
 
 
 def parse_size(text: str) -> int:
@@ -51,6 +270,8 @@ def parse_size(text: str) -> int:
 class MountOptions:
     read_only: bool = False
     allow_other: bool = False
+    #: mount over a mountpoint that is not empty (checked by shardfs; libfuse 3 has no such option)
+    nonempty: bool = False
     debug: bool = False
     index_cache: int = 64 << 20
     view: str = "v3"
@@ -104,13 +325,20 @@ class MountOptions:
     def leftover_dir(self, source_id: str) -> str:
         """Where chunks that could not be committed at unmount are kept for the next mount
         of the source `source_id`: below `spool=DIR` if given, else in a state directory
-        that outlives reboots (/var/lib/shardfs for root)."""
+        that outlives reboots: /var/lib/shardfs for root, else $XDG_STATE_HOME/shardfs if
+        that is a directory of the user's, else ~/.local/state/shardfs below the home
+        directory of the passwd database, never $HOME as given (mount.fuse3 gives a
+        user's fstab mount HOME=/root)."""
+        from shardfs.primitives.private import home_dir, own_directory
+
         if self.spool:
             base = self.spool
         elif os.geteuid() == 0:
             base = "/var/lib/shardfs"
         else:
-            state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+            state = os.environ.get("XDG_STATE_HOME")
+            if not own_directory(state):
+                state = os.path.join(home_dir(os.geteuid()), ".local", "state")
             base = os.path.join(state, "shardfs")
         name = hashlib.sha256(source_id.encode()).hexdigest()[:24]
         return os.path.join(base, "pending", name)
@@ -145,7 +373,12 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             name, has_value, value = item.partition("=")
             if name in IGNORED or name == "comment" or name.startswith("x-"):
                 continue
-            if name in ("ro", "rw", "allow_other", "debug", "anon", *KERNEL_FLAGS) and has_value:
+            if name not in OWN and name not in KERNEL_FLAGS:
+                raise UsageError(f"unknown mount option {item!r}")
+            if (
+                name in ("ro", "rw", "allow_other", "nonempty", "debug", "anon", *KERNEL_FLAGS)
+                and has_value
+            ):
                 raise UsageError(f"option {name!r} takes no value")
             if name == "ro":
                 options.read_only = True
@@ -153,6 +386,8 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.read_only = False
             elif name == "allow_other":
                 options.allow_other = True
+            elif name == "nonempty":
+                options.nonempty = True
             elif name == "debug":
                 options.debug = True
             elif name == "index_cache":

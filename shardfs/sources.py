@@ -146,7 +146,14 @@ def open_leftovers(view: ViewInterface, options: MountOptions, source: str) -> L
         source_id = os.path.realpath(source)
     else:
         source_id = f"{source} {options.s3.get('endpoint_url', '')}".rstrip()
-    leftovers = Leftovers(options.leftover_dir(source_id), source_id)
+    try:
+        directory = options.leftover_dir(source_id)
+    except UnsafeState as e:  # no home directory to keep them in
+        if isinstance(view, Workspace):
+            raise
+        log.debug("kept chunks not looked for: %s", e)
+        return None
+    leftovers = Leftovers(directory, source_id)
     if isinstance(view, Workspace):
         if leftovers.claim():
             leftovers.restore(view)
@@ -157,11 +164,17 @@ def open_leftovers(view: ViewInterface, options: MountOptions, source: str) -> L
                 leftovers.waiting(),
             )
         return leftovers
-    if leftovers.waiting():
+    # A read-only mount needs none of this state: it only says what waits there, if it can.
+    try:
+        waiting = leftovers.waiting()
+    except OSError as e:
+        log.debug("kept chunks not looked for in %s: %s", leftovers.directory, e.strerror)
+        waiting = 0
+    if waiting:
         log.warning(
             "chunks that an earlier mount could not commit wait in %s for a read-write "
             "mount of this source (shards: %d)",
             leftovers.directory,
-            leftovers.waiting(),
+            waiting,
         )
     return None

@@ -4,6 +4,7 @@ unsharded copy; `--tree`, `--json`; the `user.md5` extended attribute of a mount
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import io
@@ -684,3 +685,35 @@ def test_chunk_digests_are_cached_by_shard_version(tmp_path: Path) -> None:
     chunk = digests.ns.resolve("c/1/1")
     assert digests.md5(chunk) == md5(digests.ns.open(chunk).read(0, 1 << 20)) != first
     assert digests.cache.stats.loads == 2
+
+
+def test_on_a_terminal_the_checksum_says_what_it_is(tmp_path: Path) -> None:
+    """A pipe gets the bare digest (for scripts); a terminal also a line saying what it is."""
+    import pty
+    import subprocess
+    import sys
+
+    source = tmp_path / "src"
+    zarr.create_array(source, shape=(8, 8), dtype="u1", chunks=(4, 4), shards=(8, 8))[:] = 1
+    command = [sys.executable, "-m", "shardfs", "checksum", str(source)]
+    piped = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    digest = piped.stdout.strip()
+    assert digest == reference(source) and "\n" not in digest
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(command, stdout=follower, stderr=subprocess.PIPE, timeout=120)
+        os.close(follower)
+        follower = -1
+        assert done.returncode == 0, done.stderr
+        shown = b""
+        with contextlib.suppress(OSError):  # EIO once everything is read
+            while chunk := os.read(leader, 4096):
+                shown += chunk
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    lines = shown.decode().splitlines()
+    assert lines[0] == digest, lines
+    assert "DANDI zarr checksum" in lines[1] and f"{source} as stored" in lines[1], lines
+    assert "2 files" in lines[1], lines

@@ -222,3 +222,47 @@ def test_commands_print_nothing_unasked(tmp_path: Path, source: Path) -> None:
         )
         assert result.returncode == 0, (args, result.stderr)
         assert "Warning" not in result.stderr, (args, result.stderr)
+
+
+#: A value of each placeholder the option table uses, for `parse_options`.
+PLACEHOLDERS = {
+    "SIZE": "1M",
+    "SECONDS": "2",
+    "N": "3",
+    "DIR": "/tmp/x",
+    "URL": "http://localhost:9000",
+    "NAME": "x",
+    "FILE": "/tmp/x.log",
+}
+
+
+def test_mount_help_and_the_readme_show_every_option_of_the_one_table() -> None:
+    """`shardfs mount --help` and the README's table are made from `shardfs.options.TABLE`,
+    and `parse_options` takes exactly the options named there (and the generic ones)."""
+    import re
+
+    from shardfs import options
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert options.markdown_table() in readme, (
+        "the README's table of mount options is not shardfs.options.markdown_table(): "
+        "paste its output into the README"
+    )
+    shown = run("mount", "--help").stdout
+    named = {name for forms, _ in options.TABLE for name in options._names(forms)}
+    for name in (*named, *options.KERNEL_FLAGS, *options.IGNORED):
+        assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", shown), name
+    # the ones the old, hand-written help left out, among them
+    for name in ("cache_dir", "kernel_cache", "endpoint_url", "anon", "metadata_ttl", "nonempty"):
+        assert name in named
+    assert named - options.IGNORED == options.OWN
+    for forms, _ in options.TABLE:
+        for form in re.findall(r"`([a-z_]+(?:=[^`]*)?)`", forms):
+            name, _, value = form.partition("=")
+            value = PLACEHOLDERS.get(value, value)
+            if name == "cache_size":  # needs a disk cache to size
+                parse_options([f"cache_dir=/tmp/x,{name}={value}"])
+            else:
+                parse_options([f"{name}={value}" if value else name])
+    with pytest.raises(UsageError, match="unknown mount option"):
+        parse_options(["no_such_option=1"])

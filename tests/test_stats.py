@@ -118,3 +118,19 @@ def test_the_figures_are_logged_at_an_interval(tmp_path: Path, mount) -> None:
 def test_stats_of_what_is_not_a_mount(tmp_path: Path) -> None:
     done = shardfs("stats", str(tmp_path))
     assert done.returncode == 1 and "is not a shardfs mount" in done.stderr
+
+
+@pytest.mark.fuse
+def test_the_report_shows_sizes_in_binary_units(mount, tmp_path: Path) -> None:
+    """The text report is for people (4.0 KiB of 64.0 MiB, not 4096/67108864); --json keeps
+    the bytes."""
+    one_shard_array(tmp_path / "src", "a", (64, 64), (16, 16), 3)
+    mounted = mount(tmp_path / "src", "ro", "index_cache=64M")
+    assert (mounted.path / "a" / "c" / "0" / "0").read_bytes() == b"\x03" * 256
+    done = shardfs("stats", str(mounted.path))
+    assert done.returncode == 0, done.stderr
+    index_cache = next(line for line in done.stdout.splitlines() if "index" in line)
+    assert index_cache.endswith(" of 64.0 MiB"), done.stdout
+    assert not re.search(r"\d+/\d{4,}", done.stdout), done.stdout
+    assert re.search(r"bytes read +\d+(\.\d)? (B|KiB|MiB)$", done.stdout, re.M), done.stdout
+    assert stats(mounted)["caches"]  # --json: numbers

@@ -10,6 +10,7 @@ and /etc/fstab.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import resource
@@ -38,8 +39,9 @@ from shardfs.maintenance import (
     fsck,
     progress_bar,
 )
-from shardfs.options import MountOptions, parse_options, parse_size
+from shardfs.options import MountOptions, help_text, parse_options, parse_size
 from shardfs.primitives.errors import ShardfsError, UsageError
+from shardfs.primitives.private import UnsafeState, home_dir, own_directory
 from shardfs.sources import is_local, open_leftovers, open_source, open_view
 from shardfs.storage import Storage
 from shardfs.view.hierarchy import Hierarchy
@@ -63,6 +65,9 @@ def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     mount = commands.add_parser(
         "mount",
         help="mount SOURCE at MOUNTPOINT (also without the word `mount`, as mount.fuse3 runs it)",
+        description="Mount SOURCE at MOUNTPOINT: its sharded arrays appear unsharded.",
+        epilog=help_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     mount.add_argument(
         "source",
@@ -71,19 +76,14 @@ def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
             "Neuroglancer precomputed volume"
         ),
     )
-    mount.add_argument("mountpoint", help="an existing, empty directory")
+    mount.add_argument("mountpoint", help="an existing, empty directory (see nonempty)")
     mount.add_argument(
         "-o",
         dest="options",
         action="append",
         default=[],
         metavar="OPT[,OPT...]",
-        help=(
-            "ro, rw, allow_other, debug, index_cache=SIZE, view=v3|v2, log=FILE, "
-            "write_buffer=SIZE, flush_interval=SECONDS, spool=DIR, shard_new=N, "
-            "read_cache=SIZE, listing_cache=SIZE, inodes=N; the generic "
-            "options of mount(8) and fstab are accepted too"
-        ),
+        help="mount options, comma-separated, repeatable: see the list below",
     )
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     umount = commands.add_parser(
@@ -182,7 +182,11 @@ def _implied_mount(commands: frozenset[str], argv: Sequence[str]) -> list[str]:
 # -- checks shared by the parent and the daemon ------------------------------------------
 
 
-def check_mountpoint(mountpoint: str, source: str) -> None:
+#: The device every FUSE mount opens, and libfuse's configuration (`user_allow_other`).
+FUSE_DEVICE, FUSE_CONF = "/dev/fuse", "/etc/fuse.conf"
+
+
+def check_mountpoint(mountpoint: str, source: str, nonempty: bool = False) -> None:
     clear_stale(mountpoint)
     try:
         is_dir = stat_mod.S_ISDIR(os.stat(mountpoint).st_mode)
@@ -199,8 +203,90 @@ def check_mountpoint(mountpoint: str, source: str) -> None:
     inside = real_mp == real_src or real_mp.startswith(real_src + os.sep)
     if is_local(source) and inside:
         raise UsageError(f"mountpoint {mountpoint} must not be inside the source")
-    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        raise UsageError("cannot open /dev/fuse: is the fuse module loaded and the device present?")
+    if not nonempty and _has_entries(mountpoint):
+        raise UsageError(
+            f"mountpoint {mountpoint} is not empty (the mount would hide what is in it); "
+            "use an empty directory, or -o nonempty to mount over it anyway"
+        )
+    check_fuse_device()
+
+
+def _has_entries(directory: str) -> bool:
+    try:
+        with os.scandir(directory) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return False  # cannot be listed: the mount itself says what is wrong
+
+
+def check_fuse_device(device: str = FUSE_DEVICE) -> None:
+    """UsageError, naming the cause and the fix, unless this user can open the FUSE device:
+    a missing device (no module, or a container without it) is another matter than one
+    this user may not open (mode 0600 where Debian has 0666)."""
+    try:
+        info = os.stat(device)
+    except FileNotFoundError:
+        raise UsageError(
+            f"cannot open {device}: it does not exist; load the fuse module (modprobe fuse), "
+            "or give the container the device (--device /dev/fuse)"
+        ) from None
+    except OSError as e:
+        raise UsageError(f"cannot open {device}: {e.strerror}") from None
+    if os.access(device, os.R_OK | os.W_OK):
+        return
+    mode = stat_mod.S_IMODE(info.st_mode)
+    owner, group = _user_name(info.st_uid), _group_name(info.st_gid)
+    fix = (
+        f"an administrator can let every user mount with `sudo chmod 0666 {device}` "
+        "(Debian's default)"
+    )
+    if info.st_gid != 0:
+        fix += f", or let you in with mode 0660 and membership of its group {group}"
+    raise UsageError(
+        f"cannot open {device}: permission denied (mode {mode:04o}, owner {owner}, group "
+        f"{group}): the device is there, but this user may not use it; {fix}"
+    )
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    import grp
+
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def check_allow_other(options: MountOptions) -> None:
+    """UsageError before mounting if a user other than root asks for allow_other and
+    FUSE_CONF does not allow it (fusermount3 would refuse the mount with nothing but
+    "fuse_session_mount failed")."""
+    if not options.allow_other or os.geteuid() == 0:
+        return
+    try:
+        with open(FUSE_CONF) as conf:
+            allowed = any(line.strip() == "user_allow_other" for line in conf)
+    except FileNotFoundError:
+        allowed, problem = False, "does not exist"
+    except OSError as e:
+        allowed, problem = False, f"cannot be read ({e.strerror})"
+    else:
+        problem = "has no line user_allow_other"
+    if not allowed:
+        raise UsageError(
+            f"option allow_other needs user_allow_other in {FUSE_CONF} for users other than "
+            f"root, and {FUSE_CONF} {problem}; an administrator can add that line "
+            f"(echo user_allow_other | sudo tee -a {FUSE_CONF}), or mount without allow_other"
+        )
 
 
 def clear_stale(mountpoint: str) -> None:
@@ -235,9 +321,11 @@ def _fsname(source: str) -> str:
 
 def _mount(args: argparse.Namespace) -> int:
     options = parse_options(args.options)
+    _use_own_home()
     with logs.early() as early:
         source = open_source(args.source, options)
-        check_mountpoint(args.mountpoint, args.source)
+        check_mountpoint(args.mountpoint, args.source, options.nonempty)
+        check_allow_other(options)
         # Here, where it shows: the warning if /tmp/shardfs-UID is another user's, or the
         # one line that refuses an unsafe runtime directory.
         runtime_dir(make=True)
@@ -245,6 +333,16 @@ def _mount(args: argparse.Namespace) -> int:
         return _run_daemon(args, options, source, early)
     early.print()  # the daemon's log (syslog, a file) gets them too, but is not here
     return _detach_daemon(args, options, source, early)
+
+
+def _use_own_home() -> None:
+    """Make $HOME the user's own home directory (of the passwd database) where it names a
+    directory that is not the user's: mount.fuse3 runs the daemon of a user's fstab mount
+    with HOME=/root, and what is found below `~` (boto3's ~/.aws) must be the user's."""
+    if os.geteuid() == 0 or own_directory(os.environ.get("HOME")):
+        return
+    with contextlib.suppress(UnsafeState):
+        os.environ["HOME"] = home_dir(os.geteuid())
 
 
 def _kernel_served(options: MountOptions) -> bool:
@@ -287,15 +385,36 @@ def _run_daemon(
     from shardfs.fuse.adapter import MountConfig
     from shardfs.fuse.daemon import serve
 
-    logs.setup(options.log_file, foreground=ready_fd is None, debug=options.debug)
-    early.replay()
     ready = os.fdopen(ready_fd, "w") if ready_fd is not None else None
+    served = False
 
     def report(message: str) -> None:
+        nonlocal served
+        served = True
         if ready is not None and not ready.closed:
             ready.write(message + "\n")
             ready.close()
 
+    def fail(problem: object) -> int:
+        """Say why the daemon ends: in its log, and before it serves, to `shardfs mount`
+        (in the foreground on stderr) too."""
+        message = (
+            f"the daemon of {args.mountpoint} failed: {problem}"
+            if served
+            else f"cannot mount {args.mountpoint}: {problem}"
+        )
+        log.error("%s", message)
+        if not served:
+            report(f"error {message}")
+            if ready is None:
+                print(f"shardfs: {message}", file=sys.stderr)
+        return 1
+
+    try:
+        logs.setup(options.log_file, foreground=ready_fd is None, debug=options.debug)
+    except OSError as e:
+        return fail(f"cannot open the log file {options.log_file}: {e.strerror}")
+    early.replay()
     log.info(
         "shardfs %s: mounting %s at %s (options: %s)",
         __version__,
@@ -303,8 +422,8 @@ def _run_daemon(
         args.mountpoint,
         options.argument() or "none",
     )
-    _raise_file_limit()
     try:
+        _raise_file_limit()
         view = open_view(source, options, args.source)
         outcome = serve(
             view,
@@ -321,13 +440,12 @@ def _run_daemon(
             leftovers=open_leftovers(view, options, args.source),
             stats_interval=options.stats_interval,
         )
-    except (ShardfsError, RuntimeError) as e:
-        message = f"cannot mount {args.mountpoint}: {e}"
-        log.error("%s", message)
-        report(f"error {message}")
-        if ready is None:
-            print(f"shardfs: {message}", file=sys.stderr)
-        return 1
+    except (ShardfsError, RuntimeError) as e:  # foreseen: its message says it all
+        return fail(e)
+    except Exception as e:
+        # Unforeseen: the traceback goes to the log (folded into its line), for a report.
+        log.exception("unexpected error")
+        return fail(f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else e)
     return 1 if outcome else 0
 
 
@@ -373,7 +491,12 @@ def _detach_daemon(
         os.kill(pid, signal.SIGKILL)  # ours, by PID: it never answered
         status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         reason = "did not answer in time" if message == "timeout" else f"exited ({status})"
-        print(f"shardfs: cannot mount {args.mountpoint}: the daemon {reason}", file=sys.stderr)
+        where = options.log_file or "the system log (journalctl -t shardfs)"
+        print(
+            f"shardfs: cannot mount {args.mountpoint}: the daemon {reason}; its log, if any, "
+            f"is in {where}",
+            file=sys.stderr,
+        )
     if mount_type(args.mountpoint) is not None:
         unmount(args.mountpoint, lazy=True)
     return 1

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 
@@ -15,6 +16,7 @@ from tqdm import tqdm
 from shardfs.checksum import Digest, DirectoryChecksum, stored_checksum, virtual_checksum
 from shardfs.cli.options import Commands, MountOptions, add_option_argument, parse_options_for
 from shardfs.maintenance import progress_bar
+from shardfs.maintenance.report import format_size
 from shardfs.primitives.errors import ShardfsError, UsageError
 from shardfs.sources import open_source, open_storage
 
@@ -69,7 +71,23 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"digest": str(digest), "count": digest.count, "size": digest.size}))
     else:
         print(digest)
+        if sys.stdout.isatty():  # for people; scripts reading a pipe get the bare digest
+            print(_meaning(args, digest))
     return 0
+
+
+def _meaning(args: argparse.Namespace, digest: Digest) -> str:
+    """What the digest on a terminal is: the line under it."""
+    if args.virtual:
+        what = (
+            f"the unsharded view (--view {args.view or 'v3'}) of {args.source}, as a mount shows it"
+        )
+    else:
+        what = f"{args.source} as stored"
+    return (
+        f"  the DANDI zarr checksum ({{md5}}-{{files}}--{{bytes}}) of {what}: "
+        f"{digest.count} files, {format_size(digest.size)}"
+    )
 
 
 def _options(args: argparse.Namespace) -> MountOptions:

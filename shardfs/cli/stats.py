@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from shardfs.cli.options import Commands
-from shardfs.fuse.control import hit_rate, query, socket_path
+from shardfs.fuse.control import hit_rate, query, size_text, socket_path
 from shardfs.fuse.mounts import mount_type
 from shardfs.primitives.private import UnsafeState
 
@@ -58,22 +58,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def lines(stats: dict[str, Any]) -> list[str]:
-    """The figures as a report for people."""
+    """The figures as a report for people: sizes in binary units (`--json` has the bytes)."""
     source, fuse = stats["source"], stats["fuse"]
     out = [f"up {stats['uptime']:.0f} s", "", "source requests:"]
     out += [f"  {kind:<24} {n:>12}" for kind, n in source["requests"].items()] or ["  none"]
     out += [
-        f"  {'bytes read':<24} {source['bytes_read']:>12}",
-        f"  {'bytes written':<24} {source['bytes_written']:>12}",
+        f"  {'bytes read':<24} {size_text(source['bytes_read']):>12}",
+        f"  {'bytes written':<24} {size_text(source['bytes_written']):>12}",
         f"  {'retries':<24} {source['retries']:>12}",
     ]
     out += [f"  error {error:<18} {n:>12}" for error, n in source["errors"].items()]
-    out += ["", f"  {'cache':<24} {'hits':>12} {'misses':>12} {'hit rate':>9} {'used':>14}"]
+    out += [
+        "",
+        f"  {'cache':<24} {'hits':>12} {'misses':>12} {'hit rate':>9} {'used of budget':>22}",
+    ]
     for name, figures in stats["caches"].items():
-        used = f"{figures.get('used', 0)}/{figures.get('budget', 0)}"
+        used = f"{size_text(figures.get('used', 0))} of {size_text(figures.get('budget', 0))}"
         out.append(
             f"  {name:<24} {figures['hits']:>12} {figures['misses']:>12} "
-            f"{hit_rate(figures):>9} {used:>14}"
+            f"{hit_rate(figures):>9} {used:>22}"
         )
     out += ["", "FUSE requests:"]
     out += [f"  {kind:<24} {n:>12}" for kind, n in fuse["requests"].items()]

@@ -108,10 +108,10 @@ def summary(stats: dict[str, Any]) -> str:
         f"fuse {sum(fuse['requests'].values())} requests",
         f"{sum(fuse['errors'].values())} errors",
         "source " + _kinds(source["requests"]),
-        f"{_size(source['bytes_read'])} read",
+        f"{size_text(source['bytes_read'])} read",
     ]
     if source["bytes_written"]:
-        parts.append(f"{_size(source['bytes_written'])} written")
+        parts.append(f"{size_text(source['bytes_written'])} written")
     parts.append(f"{sum(source['errors'].values())} errors, {source['retries']} retries")
     rates = [
         f"{name} {hit_rate(figures)}"
@@ -122,7 +122,7 @@ def summary(stats: dict[str, Any]) -> str:
         parts.append("hits: " + ", ".join(rates))
     commits = stats.get("commits")
     if commits:
-        parts.append(f"{commits['chunks']} chunks committed ({_size(commits['chunk_bytes'])})")
+        parts.append(f"{commits['chunks']} chunks committed ({size_text(commits['chunk_bytes'])})")
     return "; ".join(parts)
 
 
@@ -135,7 +135,8 @@ def _kinds(requests: dict[str, int]) -> str:
     return ", ".join(f"{kind} {n}" for kind, n in requests.items()) or "none"
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """Bytes for people: `512 B`, `4.0 KiB`, `64.0 MiB`, `1.5 GiB`."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -24,13 +24,18 @@ import hashlib
 import json
 import logging
 import os
-import pwd
 import re
 import subprocess
 import time
 from typing import Any
 
-from shardfs.primitives.private import UnsafeState, check_private_dir, open_private, private_dir
+from shardfs.primitives.private import (
+    UnsafeState,
+    check_private_dir,
+    home_dir,
+    open_private,
+    private_dir,
+)
 
 log = logging.getLogger("shardfs")
 
@@ -116,7 +121,7 @@ def runtime_dir(make: bool = False) -> str:
         return _private(shared, make)
     except UnsafeState as e:
         reason = e
-    fallback = os.path.join(_home(uid), *HOME_FALLBACK)
+    fallback = os.path.join(home_dir(uid), *HOME_FALLBACK)
     if shared not in _warned:
         _warned.add(shared)
         log.warning("%s; using %s instead", reason, fallback)
@@ -134,16 +139,6 @@ def _private(path: str, make: bool) -> str:
     except UnsafeState as e:
         raise UnsafeState(f"runtime directory {e}") from None
     return path
-
-
-def _home(uid: int) -> str:
-    try:
-        home = pwd.getpwuid(uid).pw_dir
-    except KeyError:
-        home = ""
-    if not os.path.isabs(home):
-        raise UnsafeState(f"uid {uid} has no home directory in the passwd database")
-    return home
 
 
 def lock_path(mountpoint: str, make: bool = False) -> str:

@@ -16,6 +16,7 @@ without following symlinks.
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 from collections.abc import Iterator
 
@@ -122,3 +123,28 @@ def open_private(path: str, flags: int, dir_fd: int | None = None) -> int:
     """`os.open` of a file of private state: never through a symlink, mode 0600 if it is
     created, not inherited by children."""
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dir_fd)
+
+
+def home_dir(uid: int) -> str:
+    """The home directory of user `uid` in the passwd database: where that user's state
+    lives, whatever $HOME says (mount.fuse3 runs a user's fstab mount with HOME=/root).
+    UnsafeState if there is none."""
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        home = ""
+    if not os.path.isabs(home):
+        raise UnsafeState(f"uid {uid} has no home directory in the passwd database")
+    return home
+
+
+def own_directory(path: str | None) -> bool:
+    """Whether `path` is an absolute path of a directory the effective user owns (so an
+    environment variable naming it, such as $HOME, is that user's, not one inherited)."""
+    if not path or not os.path.isabs(path):
+        return False
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid()
