@@ -107,7 +107,9 @@ TABLE: tuple[tuple[str, str], ...] = (
             "of the host and kept across restarts, at most SIZE (default 10G). DIR is made 0700 "
             "(its files 0600) and must be the daemon user's alone: one another user owns or could"
             " write is refused with a warning and the mount goes on without the cache; see "
-            "[docs/semantics.md](docs/semantics.md#s3-sources-s3bucketprefix)"
+            "[docs/semantics.md](docs/semantics.md#s3-sources-s3bucketprefix) and, for all the "
+            "state a daemon keeps on the host, "
+            "[Local state and other users](docs/semantics.md#local-state-and-other-users)"
         ),
     ),
     (
