@@ -35,8 +35,12 @@ def make_source() -> np.ndarray:
 
 
 def run(*args: str) -> None:
+    """Run a command as the reader would type it; if it fails, its own message (printed
+    by it) is the demo's last word, not a traceback."""
     print("$", " ".join(args))
-    subprocess.run(args, check=True)
+    status = subprocess.run(args, check=False).returncode
+    if status:
+        sys.exit(f"demo: {args[0]} {args[1]} failed ({status}); its message is above")
 
 
 def main() -> None:
