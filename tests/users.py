@@ -57,15 +57,7 @@ class User:
         modules) and a bare environment (`env` added); the caller checks the result."""
         environ = {"PATH": "/usr/bin:/bin", "HOME": self.home, "PYTHONPATH": self.package_root}
         environ.update(env or {})
-        return subprocess.run(
-            [RUNUSER, "-u", self.name, "--", PYTHON, "-c", code],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=environ,
-            cwd="/",
-            check=False,
-        )
+        return self._run([PYTHON, "-c", code], environ, timeout)
 
     def run_command(
         self, argv: list[str], env: dict[str, str | None] | None = None, timeout: float = 120
@@ -76,8 +68,13 @@ class User:
         environ = {name: value for name, value in given.items() if value is not None}
         # runuser itself would set HOME and the like: `env -i` hands on exactly `environ`
         command = ["env", "-i", *(f"{name}={value}" for name, value in environ.items()), *argv]
+        return self._run(command, environ, timeout)
+
+    def _run(
+        self, argv: list[str], environ: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [RUNUSER, "-u", self.name, "--", *command],
+            [RUNUSER, "-u", self.name, "--", *argv],
             capture_output=True,
             text=True,
             timeout=timeout,
