@@ -36,7 +36,11 @@ plain time / time, per repetition. Then one profiled shardfs run of each.
 Medians with their ranges; needs root (drop_caches, FUSE).
 
     .venv/bin/python benchmarks/cold_path.py reads [--size-mib 256] [--repeat 5] [--data DIR]
+        [--variants]
     .venv/bin/python benchmarks/cold_path.py writes [--repeat 3] [--data DIR]
+
+With --variants, the reads are plain and shardfs beside two experiments on the daemon
+(PATCH_ENV: no thread hop, and the whole shard read ahead at open), nothing else.
 
 (internal: `serve-read SRC MNT`, `serve-write MNT`, `daemon ARGS...`: the floors, and
 `shardfs ARGS...` with the adapter's counters, written as JSON to $COLD_PATH_COUNTS at
@@ -78,6 +82,35 @@ from shardfs.fuse import control  # noqa: E402
 from tests.conftest import Mounted, wait_mounted  # noqa: E402
 
 COUNTS_ENV = "COLD_PATH_COUNTS"
+#: Experiments on the daemon (`--variants`), not shardfs's behaviour: "nohop" runs every
+#: core call at once on the event loop, blocking it on a cold read instead of retrying in
+#: a worker thread; "willneed" has the kernel read each local shard file whole into the
+#: page cache (POSIX_FADV_WILLNEED) as soon as shardfs opens it, before its chunks are read.
+PATCH_ENV = "COLD_PATH_PATCH"
+VARIANTS = ("nohop", "willneed")
+
+
+def patch(variant: str) -> None:
+    """Apply experiment `variant` (see PATCH_ENV) to this daemon."""
+    from shardfs.fuse import adapter
+    from shardfs.storage import local
+
+    if variant == "nohop":
+
+        async def blocking(self: Any, fn: Callable[..., Any], *args: Any) -> Any:
+            return fn(*args)
+
+        adapter.Operations._run = blocking  # type: ignore[method-assign]
+    elif variant == "willneed":
+        opened = local._FilePin.__init__
+
+        def willneed(self: Any, *args: Any) -> None:
+            opened(self, *args)
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_WILLNEED)
+
+        local._FilePin.__init__ = willneed  # type: ignore[method-assign]
+    elif variant:
+        raise ValueError(f"unknown variant {variant!r}")
 
 
 # -- the floors -------------------------------------------------------------------------
@@ -311,7 +344,7 @@ def daemon(argv: list[str]) -> int:
     from shardfs.fuse import adapter
     from shardfs.primitives.blocking import WouldBlock, nonblocking
 
-    path = os.environ[COUNTS_ENV]
+    path = os.environ.get(COUNTS_ENV, os.devnull)
     handler: contextvars.ContextVar[str] = contextvars.ContextVar("handler", default="?")
     hopped: contextvars.ContextVar[list[bool]] = contextvars.ContextVar("hopped")
     counts: defaultdict[str, defaultdict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -378,13 +411,15 @@ def daemon(argv: list[str]) -> int:
                 c["thread_wall"] += box["end"] - box["start"]
                 c["thread_cpu"] += box["cpu"]
 
-    operations = adapter.Operations
-    for name in ("lookup", "getattr", "read", "readdir", "open", "create", "write", "flush"):
-        setattr(operations, name, counted(name, getattr(operations, name)))
-    for name in ("release", "rename", "unlink", "getxattr", "setattr", "mkdir", "forget"):
-        setattr(operations, name, counted(name, getattr(operations, name)))
-    operations._run = _run  # type: ignore[method-assign]
-    operations._thread = _thread  # type: ignore[method-assign]
+    if path != os.devnull:  # counters cost CPU: only where they are read
+        operations = adapter.Operations
+        for name in ("lookup", "getattr", "read", "readdir", "open", "create", "write", "flush"):
+            setattr(operations, name, counted(name, getattr(operations, name)))
+        for name in ("release", "rename", "unlink", "getxattr", "setattr", "mkdir", "forget"):
+            setattr(operations, name, counted(name, getattr(operations, name)))
+        operations._run = _run  # type: ignore[method-assign]
+        operations._thread = _thread  # type: ignore[method-assign]
+    patch(os.environ.get(PATCH_ENV, ""))
     signal.signal(signal.SIGUSR2, dump)
     try:
         return main(argv)
@@ -392,12 +427,14 @@ def daemon(argv: list[str]) -> int:
         dump()
 
 
-def start_daemon(source: Path, mountpoint: Path, log: Path, counts: Path, *options: str) -> Mounted:
+def start_daemon(
+    source: Path, mountpoint: Path, log: Path, counts: Path | None, *options: str, variant: str = ""
+) -> Mounted:
     """`shardfs mount -f` under `daemon`, like tests.conftest.start_mount."""
     mountpoint.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, __file__, "daemon", "mount", str(source), str(mountpoint), "-f"]
     args += ["-o", ",".join(options)]
-    env = dict(os.environ, **{COUNTS_ENV: str(counts)})
+    env = dict(os.environ, **{COUNTS_ENV: str(counts or os.devnull), PATCH_ENV: variant})
     with open(log, "ab") as out:
         process = subprocess.Popen(args, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
     return wait_mounted(Mounted(mountpoint, process, log, options))
@@ -480,12 +517,13 @@ class Reads:
                 return self._timed(fl.pid, work, self.floor_mnt / rt.ARRAY)
         self.mounts.stop()
         rt.drop_caches()
-        if counts is None:
+        variant = case if case in VARIANTS else ""
+        if counts is None and not variant:
             mounted = self.mounts.fresh()
         else:
             with self.interrupts.deferred():
                 mounted = self.mounts.current = start_daemon(
-                    self.ds.source, self.ds.mountpoint, self.ds.log, counts, "ro"
+                    self.ds.source, self.ds.mountpoint, self.ds.log, counts, "ro", variant=variant
                 )
         rt.drop_caches()
         if case == "src-warm":
@@ -546,7 +584,11 @@ def measure_reads(args: argparse.Namespace, interrupts: Interrupts) -> list[str]
     n = len(reads.files)
     out: list[str] = []
     try:
-        cases = ["plain", "shardfs", "src-warm", "floor"]
+        cases = (
+            ["plain", "shardfs", *VARIANTS]
+            if args.variants
+            else ["plain", "shardfs", "src-warm", "floor"]
+        )
         walls: dict[str, list[float]] = {c: [] for c in cases}
         cpus: dict[str, list[float]] = {c: [] for c in cases}
         syss: dict[str, list[float]] = {c: [] for c in cases}
@@ -574,6 +616,8 @@ def measure_reads(args: argparse.Namespace, interrupts: Interrupts) -> list[str]
                 f"| {case} | {spread(walls[case], '{:.3f}')} | {spread(ratios, '{:.2f}')} "
                 f"| {cpu} | {system} |"
             )
+        if args.variants:
+            return out
         for case in ("shardfs", "src-warm"):
             got = seen[case]
             out.append(
@@ -794,6 +838,11 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=256, help="reads: the array's size")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions (medians reported)")
     parser.add_argument("--data", type=Path, default=ROOT / "bench-data", help="data directory")
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="reads: plain and shardfs beside experiments on the daemon (see PATCH_ENV)",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("needs root: it drops the page cache")
