@@ -138,14 +138,7 @@ def serve_read(source: str, mountpoint: str) -> None:
     class Operations(pyfuse3.Operations):
         def _attr(self, ino: int) -> pyfuse3.EntryAttributes:
             data = nodes[ino]
-            entry = pyfuse3.EntryAttributes()
-            entry.st_ino = ino
-            entry.entry_timeout = entry.attr_timeout = 300
-            if data is None:
-                entry.st_mode, entry.st_nlink = stat.S_IFDIR | 0o555, 2
-            else:
-                entry.st_mode, entry.st_nlink = stat.S_IFREG | 0o444, 1
-                entry.st_size = len(data)
+            entry = _entry(pyfuse3, ino, None if data is None else len(data), 300, 0o555)
             entry.st_blksize = 65536
             entry.st_blocks = -(-entry.st_size // 512)
             return entry
@@ -163,10 +156,7 @@ def serve_read(source: str, mountpoint: str) -> None:
             raise pyfuse3.FUSEError(errno.ENOSYS)
 
         async def readdir(self, fh: int, start: int, token: Any) -> None:
-            items = list(children[fh].items())
-            for i in range(start, len(items)):
-                if not pyfuse3.readdir_reply(token, items[i][0], self._attr(items[i][1]), i + 1):
-                    return
+            _reply_entries(pyfuse3, children[fh], start, token, self._attr)
 
         async def open(self, inode: int, flags: int, ctx: Any) -> Any:
             raise pyfuse3.FUSEError(errno.ENOSYS)
@@ -192,14 +182,8 @@ def serve_write(mountpoint: str) -> None:
 
     class Operations(pyfuse3.Operations):
         def _attr(self, ino: int) -> pyfuse3.EntryAttributes:
-            entry = pyfuse3.EntryAttributes()
-            entry.st_ino = ino
-            entry.entry_timeout = entry.attr_timeout = 1.0
-            if ino in dirs:
-                entry.st_mode, entry.st_nlink = stat.S_IFDIR | 0o755, 2
-            else:
-                entry.st_mode, entry.st_nlink = stat.S_IFREG | 0o644, 1
-                entry.st_size = len(files[ino])
+            size = None if ino in dirs else len(files[ino])
+            entry = _entry(pyfuse3, ino, size, 1.0, 0o755)
             entry.st_uid, entry.st_gid = os.getuid(), os.getgid()
             return entry
 
@@ -269,10 +253,7 @@ def serve_write(mountpoint: str) -> None:
             return inode
 
         async def readdir(self, fh: int, start: int, token: Any) -> None:
-            items = list(dirs[fh].items())
-            for i in range(start, len(items)):
-                if not pyfuse3.readdir_reply(token, items[i][0], self._attr(items[i][1]), i + 1):
-                    return
+            _reply_entries(pyfuse3, dirs[fh], start, token, self._attr)
 
         async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
             raise pyfuse3.FUSEError(errno.ENODATA)
@@ -285,6 +266,30 @@ def serve_write(mountpoint: str) -> None:
             return data
 
     _serve(pyfuse3, trio, Operations(), mountpoint, {"fsname=floor-write", "subtype=floor"})
+
+
+def _entry(pyfuse3: Any, ino: int, size: int | None, timeout: float, mode: int) -> Any:
+    """A floor's attributes: a directory (`size` None) of `mode`, or a file of `size` bytes
+    without the execute bits."""
+    entry = pyfuse3.EntryAttributes()
+    entry.st_ino = ino
+    entry.entry_timeout = entry.attr_timeout = timeout
+    if size is None:
+        entry.st_mode, entry.st_nlink = stat.S_IFDIR | mode, 2
+    else:
+        entry.st_mode, entry.st_nlink = stat.S_IFREG | (mode & 0o666), 1
+        entry.st_size = size
+    return entry
+
+
+def _reply_entries(
+    pyfuse3: Any, entries: dict[bytes, int], start: int, token: Any, attr: Any
+) -> None:
+    """A floor's readdir: the entries of a directory from position `start`, as many as fit."""
+    items = list(entries.items())
+    for i in range(start, len(items)):
+        if not pyfuse3.readdir_reply(token, items[i][0], attr(items[i][1]), i + 1):
+            return
 
 
 def _serve(pyfuse3: Any, trio: Any, operations: Any, mountpoint: str, options: set[str]) -> None:
