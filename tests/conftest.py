@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +112,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for item in items:
             if item.get_closest_marker("fuse") is not None:
                 item.add_marker(skip)
+
+
+#: Seconds one test may take, set-up and teardown included (the first test to use a
+#: session fixture pays for building its virtual environment). No test comes near it;
+#: one that hangs fails with every thread's stack instead of holding CI until its limit.
+TEST_TIME_LIMIT = 900
+
+
+class Hung(Exception):
+    """Raised in the main thread of a test that outlived TEST_TIME_LIMIT."""
+
+
+def _hung(signum: int, frame: object) -> None:
+    faulthandler.dump_traceback(all_threads=True)
+    raise Hung(f"the test ran longer than {TEST_TIME_LIMIT} s; stacks are above")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Each test under TEST_TIME_LIMIT. Should the main thread be stuck where no signal
+    reaches it, the whole run ends a minute later, still with the stacks."""
+    previous = signal.signal(signal.SIGALRM, _hung)
+    signal.setitimer(signal.ITIMER_REAL, TEST_TIME_LIMIT)
+    faulthandler.dump_traceback_later(TEST_TIME_LIMIT + 60, exit=True)
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture

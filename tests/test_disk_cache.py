@@ -591,8 +591,7 @@ def _fill_until_killed(directory: str, reads: Any) -> None:
         source = Source(content(5 * BLOCK, n % 40))
         cache.read(f"obj{n % 40}", "v", 0, 5 * BLOCK, source.fetch)
         n += 1
-        with reads.get_lock():
-            reads.value += 1
+        reads.value = n  # a plain store: a lock held at the kill would hang the test
 
 
 def test_killed_writers_leave_nothing_wrong_and_tidying_removes_their_debris(
@@ -602,12 +601,13 @@ def test_killed_writers_leave_nothing_wrong_and_tidying_removes_their_debris(
     right; files no row names and temporary files are removed by tidying once old
     enough; the byte total is the sum of the rows again."""
     context = multiprocessing.get_context("spawn")
-    reads = context.Value("i", 0)
+    reads = context.Value("i", 0, lock=False)  # one writer, killed at any instant
     for attempt in range(4):
+        reads.value = 0
         process = context.Process(target=_fill_until_killed, args=(str(tmp_path), reads))
         process.start()
         deadline = time.monotonic() + 60
-        while reads.value < 8 * (attempt + 1) and time.monotonic() < deadline:
+        while reads.value < 8 and time.monotonic() < deadline:
             time.sleep(0.01)  # until it is filling (and evicting, after the first round)
         time.sleep(0.05 + 0.13 * attempt)
         os.kill(process.pid, signal.SIGKILL)  # ours, by PID
