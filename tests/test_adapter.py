@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 import trio
 import zarr
 
+from shardfs.fuse import adapter
 from shardfs.fuse.adapter import WINDOW, MountConfig, Operations
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace
@@ -211,3 +213,49 @@ def test_corrupt_data_is_eio_and_one_log_line(
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(lines) == 1 and "image/c/0/0" in lines[0], lines
     assert ops.errors == {"EIO": 1}
+
+
+def test_a_reader_dropped_while_a_thread_reads_it_is_closed_after_that_read(
+    source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kernel-served: the read of a file's first half goes to a worker thread (held there);
+    meanwhile a pass over another file takes the only place for a reader. The first
+    reader is closed once its read is done, not under it: the read gets its bytes."""
+    monkeypatch.setattr(adapter, "INODE_READERS", 1)
+    ops = operations(source, kernel_served=True)
+    entered, gate = threading.Event(), threading.Event()
+    held: list[str] = []
+    inline = ops._run
+
+    async def run_call(fn: Callable[..., Any], *args: Any) -> Any:
+        if getattr(fn, "__name__", "") != "read" or held:
+            return await inline(fn, *args)
+        held.append("read")
+
+        def slow(*a: Any) -> Any:
+            entered.set()
+            gate.wait(30)
+            return fn(*a)
+
+        return await ops._thread(slow, *args)
+
+    monkeypatch.setattr(ops, "_run", run_call)
+    image = zarr.open_array(source / "image")
+    expected = [np.ascontiguousarray(image[0:4, 8 * j : 8 * j + 8]).tobytes() for j in (0, 1)]
+
+    async def main() -> list[bytes]:
+        first, second = await inode_of(ops, "image/c/0/0"), await inode_of(ops, "image/c/0/1")
+        got: list[bytes] = []
+
+        async def read_first() -> None:
+            got.append(await ops.read(first, 0, 64))  # half the file: a pass under way
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_first)
+            await trio.to_thread.run_sync(entered.wait, 30)
+            assert await ops.read(second, 0, 64) == expected[1]  # drops the first reader
+            gate.set()
+        return got
+
+    assert run(main) == [expected[0]]
+    assert ops.errors == {}

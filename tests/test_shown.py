@@ -15,6 +15,7 @@ from shardfs.primitives.errors import SourceChanged
 from shardfs.storage import LocalStorage
 from shardfs.storage.base import Stat
 from shardfs.view import Namespace
+from shardfs.view.nodes import Extent
 from shardfs.view.shown import KernelVersions, Shown
 
 
@@ -75,6 +76,34 @@ def test_a_kept_version_dropped_while_read_leaves_the_reader_its_own(tmp_path: P
     finally:
         os.close(replacement)
         pin.close()
+
+
+@pytest.mark.parametrize("kept", [1024, 0], ids=["kept", "not-kept"])
+def test_a_located_file_is_read_from_its_kept_version_with_no_reader(
+    tmp_path: Path, kept: int
+) -> None:
+    """`read_kept` serves the extent of a show from the version kept open, replaced since
+    or not; None where the version is not kept (the caller then opens a reader)."""
+    _, versions, _, stat = shown_then_replaced(tmp_path, versions_kept=kept)
+    extent = Extent("f", stat, 1, 2)  # a file whose bytes are "ld" at 1 of "old"
+    expected = [b"ld", b"d", b""] if kept else [None, None, None]
+    assert [versions.read_kept(extent, offset, 4096) for offset in (0, 1, 2)] == expected
+
+
+def test_a_kept_version_changed_in_place_is_not_read_from(tmp_path: Path) -> None:
+    """An append makes the kept descriptor another version: `read_kept` says None, and
+    the reader opened instead decides whether the chunk's bytes are still there."""
+    (tmp_path / "f").write_bytes(b"old")
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=300)
+    with storage.recording() as seen:
+        stat = storage.stat("f")
+    versions.show(seen, inode=7)
+    extent = Extent("f", stat, 0, 3)
+    assert versions.read_kept(extent, 0, 3) == b"old"
+    with open(tmp_path / "f", "ab") as f:
+        f.write(b"more")
+    assert versions.read_kept(extent, 0, 3) is None
 
 
 def test_the_latest_show_wins_and_shows_expire(tmp_path: Path) -> None:

@@ -256,6 +256,25 @@ class _Pass:
     path: str
     shown: Shown | None
     size: int
+    #: reads of it under way (in worker threads): it is closed once they are done
+    busy: int = 0
+    dropped: bool = False
+
+    async def read(self, run: Callable[..., Awaitable[bytes]], off: int, size: int) -> bytes:
+        """`reader.read` through `run`, the reader kept open until it returns."""
+        self.busy += 1
+        try:
+            return await run(self.reader.read, off, size)
+        finally:
+            self.busy -= 1
+            if self.dropped and not self.busy:
+                self.reader.close()
+
+    def drop(self) -> None:
+        """Close the reader now, or, while reads of it are under way, after the last."""
+        self.dropped = True
+        if not self.busy:
+            self.reader.close()
 
 
 class Operations(pyfuse3.Operations):
@@ -285,7 +304,7 @@ class Operations(pyfuse3.Operations):
         self._listings: dict[int, Listing] = {}
         self._windows: dict[int, _Window] = {}
         # kernel-served mounts: by inode, since the kernel sends no file handles
-        self._readers: _ByInode[_Pass] = _ByInode(INODE_READERS, lambda _, p: p.reader.close())
+        self._readers: _ByInode[_Pass] = _ByInode(INODE_READERS, lambda _, p: p.drop())
         #: what the kernel of a kernel-served mount was shown of each file
         self.versions = (
             KernelVersions(view.storage, config.cache_timeout) if config.kernel_served else None
@@ -395,7 +414,7 @@ class Operations(pyfuse3.Operations):
         live = self._readers.get(ino)
         if live is not None:
             return live.reader.attr()
-        self.versions.show(seen, inode=ino)
+        self.versions.show(seen, inode=ino, extent=attr.extent)
         return attr
 
     def _keep_budget(self) -> None:
@@ -642,13 +661,22 @@ class Operations(pyfuse3.Operations):
         if live is None:
             node = self._node(inode)
             shown = self.versions.latest(inode, node.path.rpartition("/")[0])
+            extent = shown.extent if shown is not None else None
+            if extent is not None and off + size >= extent.length:
+                # A read to the end of a file its show located: from the kept version
+                # at once, with no reader (no pass to keep going, see `_shown`).
+                if off >= extent.length:
+                    return b""
+                data = await self._run(self.versions.read_kept, extent, off, size)
+                if data is not None:
+                    return data
             try:
                 live = await self._run(self._open_as_of, node, shown)
             except ShardfsError as e:
                 raise await self._failed(inode, node.path, e, shown) from None
             self._readers.put(inode, live)
         try:
-            data = await self._run(live.reader.read, off, size)
+            data = await live.read(self._run, off, size)
         except CorruptData:
             raise  # the reader answers the kernel's retries with it, logged once
         except ShardfsError as e:

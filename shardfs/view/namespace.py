@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import logging
 
-from shardfs.formats.zarr_v2 import (
-    Transform,
-)
 from shardfs.primitives.cache import LruCache
 from shardfs.primitives.errors import (
     IsADirectory,
@@ -44,6 +41,7 @@ from shardfs.view.nodes import (
     ArrayView,
     Attr,
     ChunkRun,
+    Extent,
     GroupView,
     Listing,
     Node,
@@ -172,8 +170,10 @@ class Namespace(SourceView):
         return self._chunk_attr(meta, node.coords)
 
     def _chunk_attr(self, array: ArrayView, coords: tuple[int, ...]) -> Attr:
-        _, table, _, nbytes = self.shards.locate(array, coords)
-        return Attr(False, array.served_size(nbytes), table.stat.mtime_ns)
+        key, table, offset, nbytes = self.shards.locate(array, coords)
+        if not array.served_as_stored:
+            return Attr(False, array.served_size(nbytes), table.stat.mtime_ns)
+        return Attr(False, nbytes, table.stat.mtime_ns, Extent(key, table.stat, offset, nbytes))
 
     def _backing_key(self, node: Node) -> str:
         """The source key whose stat stands for a directory or passthrough node."""
@@ -244,7 +244,7 @@ class Namespace(SourceView):
                 lambda pin, now, a=array, t=table: self.shards.still_holds(a, t, pin, now),
             )
             v2 = array.v2
-            serve = None if v2 is None or v2.transform is Transform.RAW else v2.serve
+            serve = v2.serve if v2 is not None and not array.served_as_stored else None
             size = nbytes if serve is None else array.served_size(nbytes)
             return Reader(
                 self.storage,

@@ -18,7 +18,7 @@ from enum import Enum, auto
 import numpy as np
 
 from shardfs.formats.keys import ChunkKeyEncoding
-from shardfs.formats.zarr_v2 import V2Array
+from shardfs.formats.zarr_v2 import Transform, V2Array
 from shardfs.formats.zarr_v3 import ShardedLayout
 from shardfs.primitives.errors import CorruptData
 from shardfs.storage.base import Stat
@@ -75,6 +75,11 @@ class ArrayView:
     def cost(self) -> int:
         held = len(self.layout.view_metadata) + 64 * len(self.docs)
         return held + sum(s.nbytes for s in self.slots) + 1024
+
+    @property
+    def served_as_stored(self) -> bool:
+        """Whether its chunk files hold their stored bytes, with no codec undone or applied."""
+        return self.v2 is None or self.v2.transform is Transform.RAW
 
     def served_size(self, stored: int) -> int:
         """The size of the view chunk whose stored form has `stored` bytes."""
@@ -167,10 +172,23 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class Extent:
+    """Where a file's bytes are stored just as it serves them: `length` bytes at `offset`
+    of version `stat` of object `key`. What lets a read skip opening a reader."""
+
+    key: str
+    stat: Stat
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
 class Attr:
     is_dir: bool
     size: int
     mtime_ns: int
+    #: where its bytes are stored as served, if that was found anyway (a chunk's lookup)
+    extent: Extent | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, stat: Stat) -> Attr:

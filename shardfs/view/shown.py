@@ -30,8 +30,10 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
+from shardfs.primitives.blocking import may_block
 from shardfs.primitives.errors import ShardfsError
 from shardfs.storage.base import Pin, Stat, Storage
+from shardfs.view.nodes import Extent
 
 #: Seconds a show outlives the kernel's timeout, for requests already on their way.
 SLACK = 5.0
@@ -57,6 +59,8 @@ class Shown:
     at: float
     #: objects by key as they were (None: absent); empty for "as it is now"
     stats: dict[str, Stat | None] = field(repr=False)
+    #: where the file's bytes are stored as served, if its show found that (see `read_kept`)
+    extent: Extent | None = None
 
 
 class KernelVersions:
@@ -85,12 +89,17 @@ class KernelVersions:
         self._seq = itertools.count()
 
     def show(
-        self, stats: dict[str, Stat | None], inode: int | None = None, directory: str | None = None
+        self,
+        stats: dict[str, Stat | None],
+        inode: int | None = None,
+        directory: str | None = None,
+        extent: Extent | None = None,
     ) -> Shown:
-        """Record that the kernel was given attributes computed from `stats`: of `inode`,
-        or of every entry of `directory`. Keeps the file versions among them open."""
+        """Record that the kernel was given attributes computed from `stats`: of `inode`
+        (whose bytes `extent` may locate), or of every entry of `directory`. Keeps the
+        file versions among them open."""
         now = time.monotonic()
-        shown = Shown(next(self._seq), now, stats)
+        shown = Shown(next(self._seq), now, stats, extent)
         table: OrderedDict = self._inodes if directory is None else self._dirs
         where = inode if directory is None else directory
         self._held -= len(getattr(table.pop(where, None), "stats", ()))
@@ -130,6 +139,27 @@ class KernelVersions:
             return
         with self.storage.as_of(shown.stats, self._kept_pin):
             yield
+
+    def read_kept(self, extent: Extent, offset: int, size: int) -> bytes | None:
+        """Up to `size` bytes at `offset` of the file `extent` locates, read from the kept
+        version it names: a read with no reader to open. None if that version is not kept
+        or changed in place, or the read failed; opening the file as of its show then
+        tells which, and answers for it. Inline on the kept descriptor itself (the mode
+        is non-blocking: page-cache hits only); in a worker thread on a clone of it, so
+        that no read from the disk holds the lock the event loop takes."""
+        length = min(size, extent.length - offset)
+        with self._lock:
+            found = self._kept.get((extent.key, extent.stat.version))
+            if found is None:
+                return None
+            pin = found[0]
+            if not may_block():
+                return _read_or_none(pin, extent.offset + offset, length)
+            pin = pin.clone()
+        try:
+            return _read_or_none(pin, extent.offset + offset, length)
+        finally:
+            pin.close()
 
     def _kept_pin(self, key: str, version: Hashable) -> Pin | None:
         """A pin of its own on a kept version: cloned under the lock, so that a kept pin
@@ -194,3 +224,10 @@ class KernelVersions:
             self._kept.clear()
         for pin in pins:
             pin.close()
+
+
+def _read_or_none(pin: Pin, offset: int, length: int) -> bytes | None:
+    try:
+        return pin.read(offset, length)
+    except ShardfsError:
+        return None
