@@ -4,19 +4,24 @@ a version is gone; shows expire with the kernel's copy."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
+import platform
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
+from shardfs.primitives.blocking import WouldBlock, nonblocking
 from shardfs.primitives.errors import SourceChanged
 from shardfs.storage import LocalStorage
 from shardfs.storage.base import Stat
 from shardfs.view import Namespace
 from shardfs.view.nodes import Extent
-from shardfs.view.shown import KernelVersions, Shown
+from shardfs.view.shown import READ_AHEAD, KernelVersions, Shown
 
 
 def replace(path: Path, data: bytes) -> None:
@@ -104,6 +109,45 @@ def test_a_kept_version_changed_in_place_is_not_read_from(tmp_path: Path) -> Non
     with open(tmp_path / "f", "ab") as f:
         f.write(b"more")
     assert versions.read_kept(extent, 0, 3) is None
+
+
+def cached_pages(fd: int, offset: int, length: int) -> int | None:
+    """Pages of [offset, offset + length) of file `fd` in the page cache, by Linux's
+    `cachestat` (6.5+), which unlike a read leaves the cache as it is; None without it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    span = (ctypes.c_uint64 * 2)(offset, length)
+    counts = (ctypes.c_uint64 * 5)()
+    if libc.syscall(451, fd, ctypes.byref(span), ctypes.byref(counts), 0) != 0:  # x86-64
+        return None
+    return counts[0]
+
+
+def test_a_read_that_must_wait_for_the_disk_has_the_kernel_read_ahead(tmp_path: Path) -> None:
+    """Inline (non-blocking), a read of a kept version whose pages are not in the page
+    cache raises WouldBlock, and has the kernel read the next READ_AHEAD bytes, so that
+    the reads of the chunks after it are served inline."""
+    (tmp_path / "f").write_bytes(os.urandom(2 * READ_AHEAD))
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=300)
+    with storage.recording() as seen:
+        stat = storage.stat("f")
+    versions.show(seen, inode=7)
+    ahead = (READ_AHEAD // 2, READ_AHEAD // 2)  # beyond what the kernel reads ahead itself
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
+        if platform.machine() != "x86_64" or cached_pages(fd, 0, 2 * READ_AHEAD) != 0:
+            pytest.skip("cannot see or empty this file's pages in the page cache here")
+        with nonblocking(), pytest.raises(WouldBlock):
+            versions.read_kept(Extent("f", stat, 0, 64 << 10), 0, 4096)
+        deadline = time.monotonic() + 10
+        while cached_pages(fd, *ahead) != ahead[1] // mmap.PAGESIZE:
+            assert time.monotonic() < deadline, "the bytes ahead were never read"
+            time.sleep(0.01)
+        assert cached_pages(fd, READ_AHEAD, READ_AHEAD) == 0, "no more than READ_AHEAD"
+    finally:
+        os.close(fd)
 
 
 def test_the_latest_show_wins_and_shows_expire(tmp_path: Path) -> None:

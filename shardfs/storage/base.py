@@ -152,6 +152,10 @@ class Pin:
         """Another pin on the same version, to be closed on its own."""
         return Pin(self.storage, self.key, self.stat)
 
+    def advise(self, offset: int, length: int) -> None:
+        """Hint that bytes [offset, offset + length) will be read soon: a store that can
+        start fetching them without waiting (a local file: the kernel's read-ahead) does."""
+
     def close(self) -> None:
         """Let the version go. Reads afterwards are not allowed."""
 

@@ -10,6 +10,7 @@ mount, of `shardfs fsck` and of `shardfs compact` call it).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import logging
@@ -88,6 +89,8 @@ class _FilePin(Pin):
     def __init__(self, storage: LocalStorage, key: str, stat: Stat) -> None:
         super().__init__(storage, key, stat)
         self._fd = -1
+        #: the range last given to `advise`
+        self._advised = (0, 0)
         try:
             fd = os.open(storage._path(key), os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
@@ -138,7 +141,16 @@ class _FilePin(Pin):
     def clone(self) -> _FilePin:
         other = copy.copy(self)
         other._fd = os.dup(self._fd)  # not inherited by children, as every fd Python makes
+        other._advised = (0, 0)
         return other
+
+    def advise(self, offset: int, length: int) -> None:
+        start, end = self._advised
+        if start <= offset and offset + length <= end:
+            return  # asked for already
+        self._advised = (offset, offset + length)
+        with contextlib.suppress(OSError):  # only a hint
+            os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         if self._fd >= 0:

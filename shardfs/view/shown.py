@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
-from shardfs.primitives.blocking import may_block
+from shardfs.primitives.blocking import WouldBlock, may_block
 from shardfs.primitives.errors import ShardfsError
 from shardfs.storage.base import Pin, Stat, Storage
 from shardfs.view.nodes import Extent
@@ -44,6 +44,9 @@ SHOWS_KEPT = 65536
 STATS_KEPT = 1 << 18
 #: Versions kept open (each a descriptor), the least recently shown dropped first.
 VERSIONS_KEPT = 1024
+#: Bytes of a kept version the kernel is asked to read ahead from a read that found its
+#: own not in the page cache (see `read_kept`).
+READ_AHEAD = 4 << 20
 #: Objects of a show asked about after a read as of it failed (see `changed`).
 CHANGES_ASKED = 256
 #: Versions a listing may keep open; the rest of a big listing is read as it is now if it
@@ -154,7 +157,13 @@ class KernelVersions:
                 return None
             pin = found[0]
             if not may_block():
-                return _read_or_none(pin, extent.offset + offset, length)
+                try:
+                    return _read_or_none(pin, extent.offset + offset, length)
+                except WouldBlock:
+                    # Not in the page cache: have the reads that follow find theirs
+                    # there (readers of chunk files go through a shard in order).
+                    pin.advise(extent.offset + offset, READ_AHEAD)
+                    raise
             pin = pin.clone()
         try:
             return _read_or_none(pin, extent.offset + offset, length)
