@@ -105,10 +105,14 @@ def _compute(
     if args.virtual:
         from shardfs.view import Namespace, View
         from shardfs.view.hierarchy import Hierarchy
+        from shardfs.view.wkw import WkwNamespace, WkwSource
 
         hierarchy = open_source(args.source, options)
+        if isinstance(hierarchy, WkwSource):
+            view = WkwNamespace(hierarchy.storage, View(args.view or "v3"), read_cache=0)
+            return virtual_checksum(view, progress, on_directory=on_directory)
         if not isinstance(hierarchy, Hierarchy):
-            raise UsageError(f"--virtual: {args.source} is not a Zarr source")
+            raise UsageError(f"--virtual: {args.source} is not a Zarr or WKW source")
         namespace = Namespace(
             hierarchy.storage,
             index_cache=options.index_cache,

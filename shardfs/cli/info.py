@@ -35,6 +35,7 @@ def add_parser(commands: Commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from shardfs.view.precomputed import PrecomputedSource
+    from shardfs.view.wkw import WkwSource
 
     try:
         options = parse_options_for(args.options, OPTIONS, "info")
@@ -47,6 +48,18 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"shardfs: {e}", file=sys.stderr)
         return 2
+    if isinstance(source, WkwSource):
+        mags = source.report()
+        if args.json:
+            print(json.dumps({"wkw": mags}, indent=2))
+        else:
+            print(f"WKW dataset, read-only: {len(mags)} magnifications")
+            for m in mags:
+                shape, chunks = "x".join(map(str, m["shape"])), "x".join(map(str, m["chunk_shape"]))
+                print(
+                    f"{m['path']}: mag {m['mag']}, {m['block_type']}; (c, x, y, z) {shape}, chunks {chunks}"
+                )
+        return 0
     # Not left on the terminal: the report follows.
     with progress_bar("info", "shards", leave=False) as progress:
         report = survey(source.storage, progress)

@@ -184,8 +184,8 @@ class Header:
         if start < self.prefix_size:
             raise CorruptData(f"its data offset {start} lies inside its jump table")
         ends = np.frombuffer(prefix, "<u8", self.blocks, HEADER_SIZE)
-        if int(ends[-1]) > file_size:
-            raise CorruptData(f"its jump table points to byte {int(ends[-1])}, past its end")
+        if int(ends.max()) > file_size:
+            raise CorruptData(f"its jump table points to byte {int(ends.max())}, past its end")
         ends = ends.astype(np.int64)
         starts = np.concatenate([[start], ends[:-1]])
         if (ends <= starts).any():
