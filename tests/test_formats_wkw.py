@@ -18,7 +18,6 @@ from shardfs.formats.wkw import (
     Header,
     Mag,
     file_key,
-    mag_attributes,
     morton_index,
     parse_properties,
     v2_documents,
@@ -68,7 +67,7 @@ def test_every_block_is_the_chunk_wkw_reads(
     (z, y, x, c), which is the (c, x, y, z) chunk `wkw` reads, in F order."""
     directory, data = written(tmp_path, dtype, channels, compressed)
     header = Header.parse((directory / "header.wkw").read_bytes())
-    mag = Mag("mag", header, data.shape[1:], {})
+    mag = Mag("mag", header, data.shape[1:])
     assert mag.grid == (2 * FILE_LEN, FILE_LEN, FILE_LEN)
     tables = {}
     for x, y, z in np.ndindex(*mag.grid):
@@ -162,6 +161,10 @@ def test_bad_jump_tables(lz4_file: tuple[Header, bytes]) -> None:
     first_end = content[HEADER_SIZE : HEADER_SIZE + 8]
     with pytest.raises(CorruptData, match="does not increase at block 2"):
         extents(header, patched(content, HEADER_SIZE + 8 * 2, first_end))
+    last = HEADER_SIZE + 8 * (header.blocks - 1)
+    grown = struct.pack("<Q", len(content) + header.stored_limit)
+    with pytest.raises(CorruptData, match=r"block 63 is \d+ bytes, more than LZ4 makes"):
+        extents(header, patched(content, last, grown) + bytes(header.stored_limit))
     inside = struct.pack("<Q", HEADER_SIZE)
     with pytest.raises(CorruptData, match="inside its jump table"):
         extents(header, patched(content, 8, inside))
@@ -239,12 +242,12 @@ def test_other_layers_are_left_as_stored() -> None:
 
 def test_documents() -> None:
     header = Header(1, 32, 32, LZ4HC, np.dtype("<u2"), 2, 0)
-    mag = Mag("color/1", header, (100, 64, 33), mag_attributes((1, 1, 1), (10, 0, 3)))
+    mag = Mag("color/1", header, (100, 64, 33), (2, 2, 1), (11, 0, 3))
     doc = json.loads(mag.zarr_json())
     assert doc["shape"] == [2, 100, 64, 33] and doc["dimension_names"] == ["c", "x", "y", "z"]
     assert doc["chunk_grid"]["configuration"]["chunk_shape"] == [2, 32, 32, 32]
     assert doc["codecs"][0] == {"name": "transpose", "configuration": {"order": [3, 2, 1, 0]}}
-    assert doc["attributes"] == {"webknossos": {"mag": [1, 1, 1], "topLeft": [10, 0, 3]}}
+    assert doc["attributes"] == {"webknossos": {"mag": [2, 2, 1], "topLeft": [5, 0, 3]}}
     docs = v2_documents({"": {}, "color": {}}, {"color/1": mag})
     zarray = docs["color/1"][".zarray"]
     assert (zarray["order"], zarray["dtype"], zarray["compressor"]) == ("F", "<u2", None)

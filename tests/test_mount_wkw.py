@@ -312,7 +312,7 @@ def test_virtual_checksum_is_zarr_checksum_of_a_copy(
     assert got != shardfs_out(capsys, "checksum", str(source))
 
 
-def test_info_lists_layers_and_mags(
+def test_info_lists_mags_and_maintenance_refuses(
     datasets: dict[str, Path], capsys: pytest.CaptureFixture
 ) -> None:
     out = shardfs_out(capsys, "info", str(datasets["lz4hc"]))
@@ -323,6 +323,9 @@ def test_info_lists_layers_and_mags(
     assert mags["color2/1"]["shape"] == [2, *expected_shape((1, 1, 1))]
     assert mags["color/2-2-1"]["mag"] == [2, 2, 1]
     assert mags["segmentation/1"]["data_type"] == "uint32"
+    for command in ("fsck", "compact"):
+        assert main([command, str(datasets["lz4hc"])]) == 2
+        assert "is a WKW dataset" in capsys.readouterr().err
 
 
 # -- S3 ------------------------------------------------------------------------------------
@@ -351,3 +354,53 @@ def test_s3_costs_one_get_per_file_header_and_per_block(
         else:
             assert len(gets) < len(files) + blocks, gets
         mounted.stop()
+
+
+# -- a dataset webknossos-libs wrote ---------------------------------------------------------
+
+WEBKNOSSOS_WRITE = """
+import numpy as np, webknossos as wk
+from pathlib import Path
+out = Path(params["out"])
+dataset = wk.Dataset(params["path"], voxel_size=(11.2, 11.2, 25))
+rng = np.random.default_rng(1)
+for name, category, dtype in (("color", wk.COLOR_CATEGORY, "uint8"),
+                              ("segmentation", wk.SEGMENTATION_CATEGORY, "uint32")):
+    extra = {"largest_segment_id": 999} if dtype == "uint32" else {}
+    layer = dataset.add_layer(name, category, dtype=dtype, data_format="wkw", **extra)
+    mag = layer.add_mag(1, chunk_shape=8, shard_shape=32, compress=True)
+    data = rng.integers(1, 1000, (1, 45, 37, 20)).astype(dtype)
+    mag.write(data, absolute_offset=(5, 3, 2), allow_resize=True, allow_unaligned=True)
+    layer.downsample(from_mag=wk.Mag(1), coarsest_mag=wk.Mag(2), chunk_shape=8, shard_shape=32)
+boxes = {}
+for layer in dataset.layers.values():
+    for mag, view in layer.mags.items():
+        box = layer.bounding_box.align_with_mag(mag, ceil=True)
+        key = f"{layer.name}/{mag.to_layer_name()}"
+        np.save(out / f"{key.replace('/', '__')}.npy", view.read(absolute_bounding_box=box))
+        in_mag = box.in_mag(mag)
+        boxes[key] = [list(in_mag.topleft), list(in_mag.bottomright)]
+print(json.dumps(boxes))
+"""
+
+
+def test_a_dataset_webknossos_wrote(tmp_path: Path, mount) -> None:
+    """webknossos-libs lays the dataset out (`mags` with `path`, its own directory names
+    and downsampling); what it reads of each magnification is what the mount shows at its
+    bounding box, whose far corner is the array's shape, and every chunk is what `wkw`
+    reads."""
+    from tests.webknossos_env import ensure_webknossos
+
+    source = tmp_path / "ds"
+    boxes = ensure_webknossos().run(WEBKNOSSOS_WRITE, path=str(source), out=str(tmp_path))
+    assert sorted(boxes) == ["color/1", "color/2-2-1", "segmentation/1", "segmentation/2-2-1"]
+    mounted: Mounted = mount(source)
+    for key, (top_left, bottom_right) in boxes.items():
+        array = zarr.open_array(mounted.path / key, mode="r")
+        assert list(array.shape[1:]) == bottom_right, key
+        region = tuple(slice(t, b) for t, b in zip(top_left, bottom_right, strict=True))
+        written = np.load(tmp_path / f"{key.replace('/', '__')}.npy")
+        np.testing.assert_array_equal(array[(slice(None), *region)], written, key)
+        expected = read_wkw(source / key, array.shape)
+        check_chunks(mounted.path, source, {key: expected}, v2=False)
+    assert not error_lines(mounted), mounted.log()

@@ -27,7 +27,6 @@ served as stored and LZ4 blocks decoded, with no compressor.
 from __future__ import annotations
 
 import json
-import math
 import re
 import struct
 from dataclasses import dataclass
@@ -130,6 +129,13 @@ class Header:
         return self.block_len**3 * self.voxel_size
 
     @property
+    def stored_limit(self) -> int:
+        """The most bytes a compressed block may take: twice a block (LZ4 output grows by
+        well under 1%, plus a few bytes: `wkw` wrote 2073 bytes for a 2048-byte block), so
+        that a corrupt jump table cannot make a reader hold a whole file."""
+        return 2 * self.block_bytes + 64
+
+    @property
     def blocks(self) -> int:
         """Blocks in a data file."""
         return self.file_len**3
@@ -191,7 +197,11 @@ class Header:
         if (ends <= starts).any():
             i = int(np.argmax(ends <= starts))
             raise CorruptData(f"its jump table does not increase at block {i}")
-        return np.stack([starts, ends - starts], axis=1)
+        sizes = ends - starts
+        if (sizes > self.stored_limit).any():
+            i = int(np.argmax(sizes > self.stored_limit))
+            raise CorruptData(f"its block {i} is {int(sizes[i])} bytes, more than LZ4 makes")
+        return np.stack([starts, sizes], axis=1)
 
     def decode(self, stored: bytes) -> bytes:
         """A block's bytes as stored, decoded: exactly `block_bytes` of them."""
@@ -241,12 +251,29 @@ def parse_file_part(prefix: str, name: str, suffix: str = "") -> int | None:
 @dataclass(frozen=True)
 class Mag:
     """A magnification shown as an array: directory `key` (relative to the source), its
-    header, its voxel `shape` (x, y, z) and what its documents say of it."""
+    header, its voxel `shape` (x, y, z), and, where properties name them, its factors and
+    its layer's bounding box corner (for its attributes)."""
 
     key: str
     header: Header
     shape: Vector
-    attributes: dict[str, Any]
+    factors: Vector | None = None
+    top_left: Vector | None = None
+
+    @property
+    def attributes(self) -> dict[str, Any]:
+        """`{"webknossos": {"mag", "topLeft"}}`: the corner divided by the factors, rounded
+        down; nothing for a bare magnification."""
+        if self.factors is None:
+            return {}
+        info: dict[str, Any] = {"mag": list(self.factors)}
+        if self.top_left is not None:
+            info["topLeft"] = [t // m for t, m in zip(self.top_left, self.factors, strict=True)]
+        return {"webknossos": info}
+
+    @property
+    def chunk_shape(self) -> list[int]:
+        return [self.header.channels] + [self.header.block_len] * 3
 
     @property
     def grid(self) -> Vector:
@@ -292,7 +319,7 @@ class Mag:
                 "data_type": h.dtype.name,
                 "chunk_grid": {
                     "name": "regular",
-                    "configuration": {"chunk_shape": [h.channels] + [h.block_len] * 3},
+                    "configuration": {"chunk_shape": self.chunk_shape},
                 },
                 "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
                 "fill_value": 0,
@@ -310,7 +337,7 @@ class Mag:
         return {
             "zarr_format": 2,
             "shape": self.array_shape,
-            "chunks": [h.channels] + [h.block_len] * 3,
+            "chunks": self.chunk_shape,
             "dtype": h.dtype.str,
             "compressor": None,
             "fill_value": 0,
@@ -479,11 +506,3 @@ def bare_shape(header: Header, files: list[Vector]) -> Vector:
     return tuple(  # type: ignore[return-value]
         header.file_voxels * (max((f[axis] for f in files), default=-1) + 1) for axis in range(3)
     )
-
-
-def mag_attributes(mag: Vector, top_left: Vector | None) -> dict[str, Any]:
-    """What an array's attributes say of its magnification (and the layer's box corner)."""
-    info: dict[str, Any] = {"mag": list(mag)}
-    if top_left is not None:
-        info["topLeft"] = [math.floor(t / m) for t, m in zip(top_left, mag, strict=True)]
-    return {"webknossos": info}

@@ -40,7 +40,6 @@ from shardfs.formats.wkw import (
     bare_shape,
     file_key,
     group_json,
-    mag_attributes,
     parse_file_part,
     parse_properties,
     v2_documents,
@@ -59,7 +58,7 @@ from shardfs.primitives.errors import (
     StorageError,
 )
 from shardfs.primitives.retry import attempts
-from shardfs.storage.base import Stat, Storage
+from shardfs.storage.base import Entry, Stat, Storage
 from shardfs.view.base import Chunk, Reader, SourceView, entry_path, latest, verified
 from shardfs.view.hierarchy import join
 from shardfs.view.nodes import Attr, Listing, Node, Role
@@ -104,12 +103,12 @@ class WkwSource:
         return [
             {
                 "path": key or ".",
-                "mag": mag.attributes["webknossos"]["mag"],
+                "mag": list(mag.factors) if mag.factors is not None else None,
                 "data_type": mag.header.dtype.name,
                 "channels": mag.header.channels,
-                "block_type": mag.header.describe(),
+                "layout": mag.header.describe(),
                 "shape": mag.array_shape,
-                "chunk_shape": [mag.header.channels] + [mag.header.block_len] * 3,
+                "chunk_shape": mag.chunk_shape,
             }
             for key, mag in sorted(self.dataset.mags.items())
         ]
@@ -152,14 +151,20 @@ def _read_header(storage: Storage, key: str) -> Header | None:
         return None
 
 
-def _files(storage: Storage, key: str) -> list[tuple[Vector, Stat]]:
-    """The data files of magnification `key` (`z*/y*/x*.wkw`): their positions and stats."""
+def _files(storage: Storage, key: str, row: int | None = None) -> list[tuple[Vector, Stat]]:
+    """The data files of magnification `key` (`z*/y*/x*.wkw`): their positions and stats;
+    only those of file row `y{row}` if it is given (it saves listing the others)."""
     found = []
     for z in storage.list(key):
         zi = parse_file_part("z", z.name)
         if zi is None or not z.stat.is_dir:
             continue
-        for y in storage.list(join(key, z.name)):
+        if row is not None:
+            y_dir = storage.stat(join(join(key, z.name), f"y{row}"))
+            rows = [Entry(f"y{row}", y_dir)] if y_dir is not None else []
+        else:
+            rows = storage.list(join(key, z.name))
+        for y in rows:
             yi = parse_file_part("y", y.name)
             if yi is None or not y.stat.is_dir:
                 continue
@@ -183,7 +188,7 @@ def load_dataset(storage: Storage, key: str, stat: Stat, view: View) -> Dataset:
         except CorruptData as e:
             raise InvalidMetadata(f"{HEADER}: {e}") from None
         shape = bare_shape(header, [position for position, _ in _files(storage, "")])
-        mags[""] = Mag("", header, shape, mag_attributes((1, 1, 1), None))
+        mags[""] = Mag("", header, shape)
     else:
         properties = parse_properties(raw)
         for line in properties.skipped:
@@ -209,8 +214,8 @@ def load_dataset(storage: Storage, key: str, stat: Stat, view: View) -> Dataset:
                     )
                     continue
                 directory, header = found
-                attributes = mag_attributes(spec.mag, layer.top_left)
-                mags[directory] = Mag(directory, header, layer.shape(spec.mag), attributes)
+                shape = layer.shape(spec.mag)
+                mags[directory] = Mag(directory, header, shape, spec.mag, layer.top_left)
             if any(k.startswith(layer.name + "/") for k in mags):
                 groups[layer.name] = layer.attributes
     for directory in mags:
@@ -456,9 +461,11 @@ class WkwNamespace(SourceView):
         mag = target if isinstance(target, Mag) else target.mag
         prefix = target.prefix if isinstance(target, _ChunkDir) else None
         entries = self._docs_in(dataset, directory) if prefix is None else []
+        # A directory c/0/X/Y lists blocks of one row of files only.
+        row = prefix[2] // mag.header.file_len if prefix is not None and len(prefix) > 2 else None
         files = [
             (position, stat)
-            for position, stat in _files(self.storage, mag.key)
+            for position, stat in _files(self.storage, mag.key, row)
             if all(r for r in mag.blocks_of_file(position))
         ]
         if self.names.nested and prefix is None:
