@@ -359,6 +359,8 @@ def test_s3_costs_one_get_per_file_header_and_per_block(
 # -- a dataset webknossos-libs wrote ---------------------------------------------------------
 
 WEBKNOSSOS_WRITE = """
+import sys
+sys.stdout = sys.stderr  # webknossos' progress bars: the runner reads stdout as JSON
 import numpy as np, webknossos as wk
 from pathlib import Path
 out = Path(params["out"])
@@ -380,7 +382,7 @@ for layer in dataset.layers.values():
         np.save(out / f"{key.replace('/', '__')}.npy", view.read(absolute_bounding_box=box))
         in_mag = box.in_mag(mag)
         boxes[key] = [list(in_mag.topleft), list(in_mag.bottomright)]
-print(json.dumps(boxes))
+(out / "boxes.json").write_text(json.dumps(boxes))
 """
 
 
@@ -392,7 +394,8 @@ def test_a_dataset_webknossos_wrote(tmp_path: Path, mount) -> None:
     from tests.webknossos_env import ensure_webknossos
 
     source = tmp_path / "ds"
-    boxes = ensure_webknossos().run(WEBKNOSSOS_WRITE, path=str(source), out=str(tmp_path))
+    ensure_webknossos().run(WEBKNOSSOS_WRITE, path=str(source), out=str(tmp_path))
+    boxes = json.loads((tmp_path / "boxes.json").read_text())
     assert sorted(boxes) == ["color/1", "color/2-2-1", "segmentation/1", "segmentation/2-2-1"]
     mounted: Mounted = mount(source)
     for key, (top_left, bottom_right) in boxes.items():
