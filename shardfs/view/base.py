@@ -90,6 +90,21 @@ def latest(
     raise StorageError(f"{storage.describe(key)} keeps changing while {doing}")
 
 
+def open_again(node: Node, open_: Callable[[Node], Reader]) -> Reader:
+    """`open_(node)`, located again while what holds it is replaced meanwhile."""
+    for _ in attempts():
+        try:
+            return open_(node)
+        except SourceChanged:
+            continue  # replaced since it was located: locate it again
+    raise StorageError(f"{node.path} keeps changing while it is opened")
+
+
+def stored_file(storage: Storage, key: str, path: str, stat: Stat) -> Reader:
+    """View path `path` showing version `stat` of object `key` as it is stored."""
+    return Reader(storage, path, stat, storage.pin(key, stat), 0, stat.size)
+
+
 def entry_path(parent: Node, name: str) -> str:
     """The view path of entry `name` of directory node `parent`, refusing what cannot be an
     entry there (NotADirectory, NotFound), before any storage is asked."""

@@ -54,12 +54,18 @@ from shardfs.primitives.errors import (
     IsADirectory,
     NotADirectory,
     NotFound,
-    SourceChanged,
-    StorageError,
 )
-from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Entry, Stat, Storage
-from shardfs.view.base import Chunk, Reader, SourceView, entry_path, latest, verified
+from shardfs.view.base import (
+    Chunk,
+    Reader,
+    SourceView,
+    entry_path,
+    latest,
+    open_again,
+    stored_file,
+    verified,
+)
 from shardfs.view.hierarchy import join
 from shardfs.view.nodes import Attr, Listing, Node, Role
 from shardfs.view.presentation import View
@@ -280,6 +286,7 @@ class _ChunkDir:
 #: What a view path is: a rendered document, a chunk, a chunk directory, a magnification
 #: directory, or a source file or directory.
 _Target = bytes | _Block | _ChunkDir | Mag | Stat
+_ROLES = {bytes: Role.METADATA, _Block: Role.CHUNK, _ChunkDir: Role.CHUNK_DIR, Mag: Role.ARRAY}
 
 
 class WkwNamespace(SourceView):
@@ -385,14 +392,8 @@ class WkwNamespace(SourceView):
 
     @staticmethod
     def _role(dataset: Dataset | None, path: str, target: _Target) -> Role:
-        if isinstance(target, bytes):
-            return Role.METADATA
-        if isinstance(target, _Block):
-            return Role.CHUNK
-        if isinstance(target, _ChunkDir):
-            return Role.CHUNK_DIR
-        if isinstance(target, Mag):
-            return Role.ARRAY
+        if not isinstance(target, Stat):
+            return _ROLES[type(target)]
         if not target.is_dir:
             return Role.FILE
         return Role.GROUP if dataset is not None and path in dataset.groups else Role.DIR
@@ -498,12 +499,7 @@ class WkwNamespace(SourceView):
     # -- data ----------------------------------------------------------------------------
 
     def open(self, node: Node) -> Reader:
-        for _ in attempts():
-            try:
-                return self._open(node)
-            except SourceChanged:
-                continue  # replaced since it was located: locate it again
-        raise StorageError(f"{node.path} keeps changing while it is opened")
+        return open_again(node, self._open)
 
     def _open(self, node: Node) -> Reader:
         dataset = self.dataset()
@@ -514,8 +510,7 @@ class WkwNamespace(SourceView):
         if isinstance(target, _ChunkDir | Mag) or (isinstance(target, Stat) and target.is_dir):
             raise IsADirectory(node.path)
         if isinstance(target, Stat):
-            pin = self.storage.pin(node.path, target)
-            return Reader(self.storage, node.path, target, pin, 0, target.size)
+            return stored_file(self.storage, node.path, node.path, target)
         header = target.mag.header
         table = self._table(header, target.key, target.stat)
         _, index = target.mag.locate(target.block)
