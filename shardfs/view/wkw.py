@@ -222,7 +222,6 @@ def load_dataset(storage: Storage, key: str, stat: Stat, view: View) -> Dataset:
                 directory, header = found
                 shape = layer.shape(spec.mag)
                 mags[directory] = Mag(directory, header, shape, spec.mag, layer.top_left)
-            if any(k.startswith(layer.name + "/") for k in mags):
                 groups[layer.name] = layer.attributes
     for directory in mags:
         groups.pop(directory, None)
