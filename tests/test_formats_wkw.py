@@ -252,7 +252,13 @@ def test_documents() -> None:
     zarray = docs["color/1"][".zarray"]
     assert (zarray["order"], zarray["dtype"], zarray["compressor"]) == ("F", "<u2", None)
     assert docs["color/1"][".zattrs"]["_ARRAY_DIMENSIONS"] == ["c", "x", "y", "z"]
-    assert set(zmetadata(docs)["metadata"]) == {
+    assert set(zmetadata(docs, "color")["metadata"]) == {
+        ".zgroup",
+        ".zattrs",
+        "1/.zarray",
+        "1/.zattrs",
+    }
+    assert set(zmetadata(docs, "")["metadata"]) == {
         ".zgroup",
         ".zattrs",
         "color/.zgroup",

@@ -36,6 +36,7 @@ import numpy as np
 from numcodecs import lz4
 
 from shardfs.formats.keys import ChunkKeyEncoding
+from shardfs.formats.zarr_v2 import consolidated
 from shardfs.formats.zarr_v3 import render as render_v3
 from shardfs.primitives.errors import CorruptData, InvalidMetadata
 
@@ -367,14 +368,20 @@ def v2_documents(
     return docs
 
 
-def zmetadata(docs: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The root's `.zmetadata`: every v2 document of the tree by its key."""
-    metadata = {
-        f"{key}/{name}" if key else name: doc
+def zmetadata(docs: dict[str, dict[str, dict[str, Any]]], group: str) -> dict[str, Any]:
+    """The `.zmetadata` of `group`: every v2 document of its subtree, by key below it."""
+    below = {
+        key[len(group) + 1 :] if group else key: named
         for key, named in docs.items()
-        for name, doc in named.items()
+        if not group or key == group or key.startswith(group + "/")
     }
-    return {"metadata": dict(sorted(metadata.items())), "zarr_consolidated_format": 1}
+    return consolidated(
+        {
+            f"{key}/{name}" if key else name: doc
+            for key, named in below.items()
+            for name, doc in named.items()
+        }
+    )
 
 
 # -- datasource-properties.json -------------------------------------------------------

@@ -240,8 +240,8 @@ def _documents(
     docs = {
         join(key, name): render_v2(doc) for key, named in v2.items() for name, doc in named.items()
     }
-    if "" in groups:
-        docs[ZMETADATA] = render_v2(zmetadata(v2))
+    for key in groups:
+        docs[join(key, ZMETADATA)] = render_v2(zmetadata(v2, key))
     return docs
 
 
