@@ -345,11 +345,16 @@ def test_info_lists_mags_and_maintenance_refuses(
 # -- S3 ------------------------------------------------------------------------------------
 
 
-def test_s3_costs_one_get_per_file_header_and_per_block(
-    s3: S3Env, datasets: dict[str, Path], expected: dict[str, np.ndarray], mount
+def test_on_s3(
+    s3: S3Env,
+    datasets: dict[str, Path],
+    expected: dict[str, np.ndarray],
+    mount,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     """Without read-ahead (read_cache=0): one ranged GET of each data file's header and jump
-    table, and one of each block read; with it, fewer. No HEAD: stats come from listings."""
+    table, and one of each block read; with it, fewer. No HEAD: stats come from listings.
+    The virtual checksum is that of the same dataset on a local disk."""
     s3.upload_tree(datasets["lz4hc"], "src")
     key = "segmentation/1"
     data = expected[key]
@@ -369,6 +374,9 @@ def test_s3_costs_one_get_per_file_header_and_per_block(
             assert len(gets) < len(files) + blocks, gets
         assert set(s3.proxy.counts()) == {"GET range", "LIST"}  # stats from listings
         mounted.stop()
+    options = ",".join(s3.mount_options())
+    local = shardfs_out(capsys, "checksum", "--virtual", str(datasets["lz4hc"]))
+    assert shardfs_out(capsys, "checksum", "--virtual", s3.url("src"), "-o", options) == local
 
 
 # -- a dataset webknossos-libs wrote ---------------------------------------------------------

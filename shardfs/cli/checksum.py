@@ -109,7 +109,12 @@ def _compute(
 
         hierarchy = open_source(args.source, options)
         if isinstance(hierarchy, WkwSource):
-            view = WkwNamespace(hierarchy.storage, View(args.view or "v3"), read_cache=0)
+            view = WkwNamespace(
+                hierarchy.storage,
+                View(args.view or "v3"),
+                index_cache=options.index_cache,
+                read_cache=options.read_cache,  # blocks are read one by one: fetch ahead
+            )
             return virtual_checksum(view, progress, on_directory=on_directory)
         if not isinstance(hierarchy, Hierarchy):
             raise UsageError(f"--virtual: {args.source} is not a Zarr or WKW source")

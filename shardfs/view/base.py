@@ -1,11 +1,12 @@
 """What every view of a source builds on, whatever its format: the read-only view whose
 paths resolve from its root (`SourceView`), the open file (`Reader`), reading the latest version of an object (`latest`) and
-checking what is decoded from one (`verified`).
+checking what is decoded from one (`verified`), opening again what changed meanwhile
+(`open_again`) and files shown as stored (`stored_file`).
 
-The Zarr view (`shardfs.view.namespace`) and the Neuroglancer precomputed view
-(`shardfs.view.precomputed`) both serve chunks cut out of shards and files passed
-through, pinned to the version seen at open; they differ only in how a path
-becomes stored bytes, so that is all each of them says.
+The Zarr view (`shardfs.view.namespace`), the Neuroglancer precomputed view
+(`shardfs.view.precomputed`) and the WKW view (`shardfs.view.wkw`) all serve chunks
+cut out of shards and files passed through, pinned to the version seen at open; they
+differ only in how a path becomes stored bytes, so that is all each of them says.
 """
 
 from __future__ import annotations
