@@ -23,6 +23,9 @@ import zarr
 
 from shardfs.cli import main
 from shardfs.formats.wkw import Header
+from shardfs.storage import LocalStorage
+from shardfs.view import Role
+from shardfs.view.wkw import WkwNamespace
 from tests.conftest import Mounted
 from tests.s3 import S3Env
 from tests.test_checksum import reference
@@ -424,9 +427,46 @@ def test_a_dataset_webknossos_wrote(tmp_path: Path, mount) -> None:
     for key, (top_left, bottom_right) in boxes.items():
         array = zarr.open_array(mounted.path / key, mode="r")
         assert list(array.shape[1:]) == bottom_right, key
+        assert array.attrs["webknossos"]["topLeft"] == top_left, key
         region = tuple(slice(t, b) for t, b in zip(top_left, bottom_right, strict=True))
         written = np.load(tmp_path / f"{key.replace('/', '__')}.npy")
         np.testing.assert_array_equal(array[(slice(None), *region)], written, key)
         expected = read_wkw(source / key, array.shape)
         check_chunks(mounted.path, source, {key: expected}, v2=False)
     assert not error_lines(mounted), mounted.log()
+
+
+# -- metadata shardfs cannot use -------------------------------------------------------------
+
+
+def test_unusable_metadata(
+    datasets: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture, caplog
+) -> None:
+    """Properties that are not a datasource fail with one line; a magnification whose
+    header.wkw is broken, and a layer of another format, are shown as stored."""
+    source = tmp_path / "ds"
+    shutil.copytree(datasets["raw"], source)
+    properties = source / "datasource-properties.json"
+    good = properties.read_text()
+    properties.write_text("{")
+    assert main(["info", str(source)]) == 2
+    assert "is not a valid WKW dataset: datasource-properties.json is not valid JSON" in (
+        capsys.readouterr().err
+    )
+    doc = json.loads(good)
+    doc["dataLayers"][1]["dataFormat"] = "zarr3"
+    properties.write_text(json.dumps(doc))
+    corrupt(source / "color/2-2-1/header.wkw", 0, b"XYZ")
+    storage = LocalStorage(str(source))
+    view = WkwNamespace(storage)
+    root = view.resolve("")
+    roles = {name: node.role for name, node, _ in view.listing(root).items()}
+    assert roles["color"] is Role.GROUP and roles["color2"] is Role.DIR
+    color = {name: node.role for name, node, _ in view.listing(view.resolve("color")).items()}
+    assert color == {"1": Role.ARRAY, "2-2-1": Role.DIR, "zarr.json": Role.METADATA}
+    assert sorted(os.listdir(source / "color/2-2-1")) == sorted(
+        name for name, _, _ in view.listing(view.resolve("color/2-2-1")).items()
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("layer 1 ('color2') is not a WKW layer" in w for w in warnings), warnings
+    assert any("color/2-2-1/header.wkw: shown as stored: no WKW magic" in w for w in warnings)
