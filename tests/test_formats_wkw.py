@@ -129,6 +129,8 @@ def patched(content: bytes, at: int, value: bytes) -> bytes:
         (5, b"\x07", "unknown block type"),
         (6, b"\x0b", "unknown voxel type"),
         (7, b"\x03", "do not fit"),
+        (4, b"\xf3", "files of 32768\\^3 blocks are too big"),
+        (4, b"\x0f", "blocks of .* bytes are too big"),
         (5, b"\x02", "disagrees with the magnification's"),  # LZ4 where the mag says LZ4HC
         (4, b"\x24", "disagrees with the magnification's"),  # another file length
     ],

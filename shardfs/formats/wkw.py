@@ -61,6 +61,9 @@ VOXEL_TYPES = (
 )
 #: The biggest block shardfs serves: one chunk file is one block, held in memory.
 MAX_BLOCK = 1 << 30
+#: The most blocks a file may have (files of 256^3; webknossos writes 32^3): a jump table
+#: is read whole, and a listing makes a name per block.
+MAX_FILE_BLOCKS = 1 << 24
 #: The view's axes: what webknossos' own Zarr layers and its Zarr streaming use.
 AXES = ("c", "x", "y", "z")
 #: A chunk's bytes (C order of (z, y, x, c)) as the v3 transpose codec says it.
@@ -114,6 +117,8 @@ class Header:
         )
         if header.block_bytes > MAX_BLOCK:
             raise CorruptData(f"blocks of {header.block_bytes} bytes are too big to serve")
+        if header.blocks > MAX_FILE_BLOCKS:
+            raise CorruptData(f"files of {header.file_len}^3 blocks are too big to serve")
         return header
 
     @property
