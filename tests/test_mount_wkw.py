@@ -70,16 +70,15 @@ def error_lines(mounted: Mounted) -> list[str]:
 
 
 def chunk_files(array: Path, v2: bool) -> dict[tuple[int, ...], Path]:
-    """The chunk files of an array of the view, by chunk coordinates (c, x, y, z)."""
-    if v2:
-        return {
-            tuple(map(int, p.name.split("."))): p for p in array.iterdir() if p.name[0].isdigit()
-        }
+    """The chunk files of an array of the view, by chunk coordinates (c, x, y, z): below
+    `c/` in v3, below the array in v2 (`dimension_separator` `/`)."""
+    keys = array if v2 else array / "c"
     found = {}
-    for directory, _, names in os.walk(array / "c"):
+    for directory, _, names in os.walk(keys):
         for name in names:
-            parts = Path(directory, name).relative_to(array / "c").parts
-            found[tuple(map(int, parts))] = Path(directory, name)
+            parts = Path(directory, name).relative_to(keys).parts
+            if len(parts) == 4:
+                found[tuple(map(int, parts))] = Path(directory, name)
     return found
 
 

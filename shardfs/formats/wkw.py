@@ -69,7 +69,7 @@ AXES = ("c", "x", "y", "z")
 #: A chunk's bytes (C order of (z, y, x, c)) as the v3 transpose codec says it.
 TRANSPOSE = [3, 2, 1, 0]
 V3_NAMES = ChunkKeyEncoding("default", "/")
-V2_NAMES = ChunkKeyEncoding("v2", ".")
+V2_NAMES = ChunkKeyEncoding("v2", "/")
 _HEADER = struct.Struct("<3sBBBBBQ")
 
 Vector = tuple[int, int, int]
@@ -349,7 +349,7 @@ class Mag:
             "fill_value": 0,
             "order": "F",
             "filters": None,
-            "dimension_separator": ".",
+            "dimension_separator": "/",
         }
 
     def zattrs(self) -> dict[str, Any]:

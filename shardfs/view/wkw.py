@@ -6,7 +6,8 @@ layer as a group, each magnification as an array; a bare magnification
 the view adds the Zarr documents (`zarr.json`, or `.zgroup`/`.zarray`/`.zattrs`
 and a consolidated `.zmetadata` in the v2 view) and, in a magnification's
 directory, replaces the WKW files by one chunk file per block: `c/0/X/Y/Z`
-(v3) or `0.X.Y.Z` (v2). Other files of the dataset pass through.
+(v3) or `0/X/Y/Z` (v2, `dimension_separator` `/`: no directory lists more than a row
+of blocks). Other files of the dataset pass through.
 
 A chunk file's size is known from the header alone, so stat and listings
 read no data file. A data file's header and jump table are read with one
@@ -456,43 +457,31 @@ class WkwNamespace(SourceView):
     def _chunk_entries(
         self, dataset: Dataset, directory: str, target: Mag | _ChunkDir
     ) -> list[tuple[str, Node, Attr]]:
-        """A magnification's documents and chunk files (v2), or one level of its chunk key
-        directories (v3): only where a data file holds blocks."""
+        """A magnification's documents and its key space's first level (`c` in v3), or one
+        level of its chunk keys: only what a data file holds blocks of."""
         mag = target if isinstance(target, Mag) else target.mag
-        prefix = target.prefix if isinstance(target, _ChunkDir) else None
-        entries = self._docs_in(dataset, directory) if prefix is None else []
+        prefix = target.prefix if isinstance(target, _ChunkDir) else ()
+        entries = self._docs_in(dataset, directory) if isinstance(target, Mag) else []
         # A directory c/0/X/Y lists blocks of one row of files only.
-        row = prefix[2] // mag.header.file_len if prefix is not None and len(prefix) > 2 else None
-        files = [
-            (position, stat)
-            for position, stat in _files(self.storage, mag.key, row)
-            if all(r for r in mag.blocks_of_file(position))
-        ]
-        if self.names.nested and prefix is None:
-            if files:
+        row = prefix[2] // mag.header.file_len if len(prefix) == 3 else None
+        found: dict[int, int] = {}  # index at this level: the latest mtime of its files
+        for position, stat in _files(self.storage, mag.key, row):
+            ranges = [range(1), *mag.blocks_of_file(position)]
+            if all(ranges[1:]) and all(p in r for p, r in zip(prefix, ranges, strict=False)):
+                for i in ranges[len(prefix)]:
+                    found[i] = max(found.get(i, 0), stat.mtime_ns)
+        if isinstance(target, Mag) and self.names.name == "default":  # v3: keys below `c`
+            if found:
                 node = Node(join(directory, "c"), Role.CHUNK_DIR, coords=())
                 entries.append(("c", node, Attr(True, 0, dataset.stat.mtime_ns)))
             return entries
-        size = mag.header.block_bytes
-        depth = len(prefix) if prefix is not None else 0
-        dirs: dict[int, int] = {}
-        for position, stat in files:
-            ranges = [range(1), *mag.blocks_of_file(position)]
-            if any(prefix[i] not in ranges[i] for i in range(depth)):
-                continue
-            if self.names.nested and depth < 3:
-                for i in ranges[depth]:
-                    dirs[i] = max(dirs.get(i, 0), stat.mtime_ns)
-                continue
-            for coords in _product(ranges[depth:], prefix or ()):
-                key = self.names.encode(coords)
-                name = key.rpartition("/")[2]
-                node = Node(join(directory, name), Role.CHUNK, coords=coords)
-                entries.append((name, node, Attr(False, size, stat.mtime_ns)))
-        for i, mtime_ns in dirs.items():
-            coords = (*(prefix or ()), i)
-            node = Node(join(directory, str(i)), Role.CHUNK_DIR, coords=coords)
-            entries.append((str(i), node, Attr(True, 0, mtime_ns)))
+        for i, mtime_ns in found.items():
+            coords = (*prefix, i)
+            if len(coords) == 4:  # a chunk: its block lies in one file
+                role, attr = Role.CHUNK, Attr(False, mag.header.block_bytes, mtime_ns)
+            else:
+                role, attr = Role.CHUNK_DIR, Attr(True, 0, mtime_ns)
+            entries.append((str(i), Node(join(directory, str(i)), role, coords=coords), attr))
         return entries
 
     # -- data ----------------------------------------------------------------------------
@@ -542,9 +531,3 @@ class WkwNamespace(SourceView):
             return _Table(key, stat, entries)
 
         return self.tables.get((key, stat.version), load)
-
-
-def _product(ranges: list[range], prefix: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Every coordinate tuple `prefix + (i, j, ...)` with i, j, ... from `ranges`."""
-    grid = np.stack(np.meshgrid(*ranges, indexing="ij"), axis=-1).reshape(-1, len(ranges))
-    return [(*prefix, *row) for row in grid.tolist()]
