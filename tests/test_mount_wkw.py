@@ -332,12 +332,13 @@ def test_info_lists_mags_and_maintenance_refuses(
     datasets: dict[str, Path], capsys: pytest.CaptureFixture
 ) -> None:
     out = shardfs_out(capsys, "info", str(datasets["lz4hc"]))
+    assert "layers color, color2, segmentation, segmentation64; 6 magnifications" in out
     for key in arrays(datasets["lz4hc"]):
-        assert key in out
+        assert f"\n{key}: mag [" in out
     report = json.loads(shardfs_out(capsys, "info", "--json", str(datasets["lz4hc"])))
     mags = {m["path"]: m for m in report["wkw"]}
     assert mags["color2/1"]["shape"] == [2, *expected_shape((1, 1, 1))]
-    assert mags["color/2-2-1"]["mag"] == [2, 2, 1]
+    assert (mags["color/2-2-1"]["mag"], mags["color/2-2-1"]["layer"]) == ([2, 2, 1], "color")
     assert mags["segmentation/1"]["data_type"] == "uint32"
     for command in ("fsck", "compact"):
         assert main([command, str(datasets["lz4hc"])]) == 2

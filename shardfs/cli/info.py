@@ -67,7 +67,10 @@ def _print_wkw(source: WkwSource, as_json: bool) -> None:
     if as_json:
         print(json.dumps({"wkw": mags}, indent=2))
         return
-    print(f"WKW dataset, read-only: {len(mags)} magnifications")
+    layers = sorted({m["layer"] for m in mags if m["layer"] is not None})
+    print(
+        f"WKW dataset, read-only: layers {', '.join(layers) or 'none'}; {len(mags)} magnifications"
+    )
     for m in mags:
         shape, chunks = ("x".join(map(str, m[k])) for k in ("shape", "chunk_shape"))
         print(f"{m['path']}: mag {m['mag']}, {m['layout']}; (c, x, y, z) {shape}, chunks {chunks}")

@@ -257,14 +257,15 @@ def parse_file_part(prefix: str, name: str, suffix: str = "") -> int | None:
 @dataclass(frozen=True)
 class Mag:
     """A magnification shown as an array: directory `key` (relative to the source), its
-    header, its voxel `shape` (x, y, z), and, where properties name them, its factors and
-    its layer's bounding box corner (for its attributes)."""
+    header, its voxel `shape` (x, y, z), and, where properties name them, its factors, its
+    layer's bounding box corner (for its attributes) and its layer's name."""
 
     key: str
     header: Header
     shape: Vector
     factors: Vector | None = None
     top_left: Vector | None = None
+    layer: str | None = None
 
     @property
     def attributes(self) -> dict[str, Any]:

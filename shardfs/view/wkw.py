@@ -106,10 +106,11 @@ class WkwSource:
     dataset: Dataset
 
     def report(self) -> list[dict[str, Any]]:
-        """Each magnification: its directory, layout and shape, for `shardfs info`."""
+        """Each magnification: its directory, layer, layout and shape, for `shardfs info`."""
         return [
             {
                 "path": key or ".",
+                "layer": mag.layer,
                 "mag": list(mag.factors) if mag.factors is not None else None,
                 "data_type": mag.header.dtype.name,
                 "channels": mag.header.channels,
@@ -222,7 +223,9 @@ def load_dataset(storage: Storage, key: str, stat: Stat, view: View) -> Dataset:
                     continue
                 directory, header = found
                 shape = layer.shape(spec.mag)
-                mags[directory] = Mag(directory, header, shape, spec.mag, layer.top_left)
+                mags[directory] = Mag(
+                    directory, header, shape, spec.mag, layer.top_left, layer.name
+                )
                 groups[layer.name] = layer.attributes
     for directory in mags:
         groups.pop(directory, None)
