@@ -2,8 +2,8 @@
 
 This is where the layers are put together, for the command line and for any
 other front end: storage (local or S3, with the disk cache), the hierarchy or
-precomputed volume at the source's root, and the view over it (read-only,
-read-write, or precomputed), with what earlier mounts left to commit.
+precomputed volume or WKW dataset at the source's root, and the view over it
+(read-only, read-write, precomputed or WKW), with what earlier mounts left to commit.
 Errors a user can fix are UsageError, with a message that names the source.
 """
 
@@ -21,6 +21,7 @@ from shardfs.view import Namespace, View
 from shardfs.view.hierarchy import Hierarchy, open_hierarchy
 from shardfs.view.interface import ViewInterface
 from shardfs.view.precomputed import PrecomputedNamespace, PrecomputedSource, open_volume
+from shardfs.view.wkw import WkwNamespace, WkwSource, open_wkw
 from shardfs.writeback import Workspace, WriteBuffer
 from shardfs.writeback.leftover import Leftovers
 
@@ -66,20 +67,25 @@ def open_disk_cache(options: MountOptions) -> DiskCache | None:
     return None
 
 
-def open_source(source: str, options: MountOptions | None = None) -> Hierarchy | PrecomputedSource:
+def open_source(
+    source: str, options: MountOptions | None = None
+) -> Hierarchy | PrecomputedSource | WkwSource:
     """The hierarchy at SOURCE (a directory or s3://BUCKET/PREFIX), checked to be
-    Zarr v3 (final or draft) at its root; or, with no zarr.json but an `info` there,
-    a Neuroglancer precomputed volume."""
-    storage = open_storage(source, options or MountOptions())
+    Zarr v3 (final or draft) at its root; or, with no zarr.json there, a WKW dataset
+    (`datasource-properties.json` or a magnification's `header.wkw`) or a Neuroglancer
+    precomputed volume (`info`)."""
+    options = options or MountOptions()
+    storage = open_storage(source, options)
     try:
         stat = storage.stat("zarr.json")
-        volume = open_volume(storage) if stat is None or stat.is_dir else None
+        if stat is None or stat.is_dir:
+            found = _other_format(storage, View(options.view))
+            if found is not None:
+                return found
     except StorageError as e:
         raise UsageError(f"source {source}: {e}") from None
     except InvalidMetadata as e:
-        raise UsageError(f"source {source} is not a valid precomputed volume: {e}") from None
-    if volume is not None:
-        return volume
+        raise UsageError(f"source {source} is not a valid {e}") from None
     if stat is None or stat.is_dir:
         hint = (
             " (it looks like Zarr v2)" if storage.stat(".zgroup") or storage.stat(".zarray") else ""
@@ -91,19 +97,46 @@ def open_source(source: str, options: MountOptions | None = None) -> Hierarchy |
         raise UsageError(f"source {source}: {e}") from None
 
 
+def _other_format(storage: Storage, view: View) -> PrecomputedSource | WkwSource | None:
+    """A WKW dataset or precomputed volume at the root; InvalidMetadata says which is
+    not valid."""
+    try:
+        wkw = open_wkw(storage, view)
+    except InvalidMetadata as e:
+        raise InvalidMetadata(f"WKW dataset: {e}") from None
+    if wkw is not None:
+        return wkw
+    try:
+        return open_volume(storage)
+    except InvalidMetadata as e:
+        raise InvalidMetadata(f"precomputed volume: {e}") from None
+
+
 def open_view(
-    source: Hierarchy | PrecomputedSource, options: MountOptions, name: str
+    source: Hierarchy | PrecomputedSource | WkwSource, options: MountOptions, name: str
 ) -> ViewInterface:
-    """What the daemon serves: a Namespace, a Workspace over one (read-write), or a
-    PrecomputedNamespace. Sources that cannot be written make the mount read-only."""
-    precomputed = isinstance(source, PrecomputedSource)
-    if not options.read_only and (precomputed or source.translates):
-        kind = "Neuroglancer precomputed" if precomputed else "draft Zarr v3"
+    """What the daemon serves: a Namespace, a Workspace over one (read-write), a
+    PrecomputedNamespace or a WkwNamespace. Sources that cannot be written make the
+    mount read-only."""
+    if isinstance(source, PrecomputedSource):
+        kind: str | None = "Neuroglancer precomputed"
+    elif isinstance(source, WkwSource):
+        kind = "WKW"
+    else:
+        kind = "draft Zarr v3" if source.translates else None
+    if not options.read_only and kind is not None:
         if "rw" in options.given:
             raise UsageError(f"{name} is a {kind} source: it cannot be written")
         log.warning("%s is a %s source: mounted read-only", name, kind)
         options.read_only = True
     storage = source.storage
+    if isinstance(source, WkwSource):
+        return WkwNamespace(
+            storage,
+            View(options.view),
+            index_cache=options.index_cache,
+            read_cache=options.read_cache,
+        )
     if isinstance(source, PrecomputedSource):
         if options.view != View.V3.value:
             raise UsageError(f"view={options.view} applies to Zarr sources only")

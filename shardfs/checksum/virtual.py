@@ -1,6 +1,8 @@
 """The checksum of the unsharded view: every file as a mount of the source shows it.
 
-Computed in-process over a `Namespace`, not through FUSE, in one depth-first
+Computed in-process over a `Namespace` (or a `WkwNamespace`, whose listings are all
+files: its chunk files are read through the view, each block decoded as a mount
+serves it), not through FUSE, in one depth-first
 walk of the view's listings (as a mount lists them) whose digests are folded
 directory by directory (`Fold`): memory holds the directories on the walk's
 path and the batches in flight, never the whole tree. Chunk directories are
@@ -43,6 +45,10 @@ from shardfs.formats.zarr_v2 import Transform
 from shardfs.primitives.errors import CorruptData, SourceChanged
 from shardfs.view.namespace import Namespace
 from shardfs.view.nodes import ChunkRun, Node, Role
+from shardfs.view.wkw import WkwNamespace
+
+#: The views whose files it walks.
+Walked = Namespace | WkwNamespace
 
 #: Bytes between two chunks of a shard read over rather than starting a new read (at least).
 GAP = 256 << 10
@@ -87,7 +93,7 @@ class _Versions:
     fails the checksum rather than mixing them. The walk lists a shard's directories
     close together, so a few shards' worth is all it needs."""
 
-    def __init__(self, namespace: Namespace) -> None:
+    def __init__(self, namespace: Walked) -> None:
         self.ns = namespace
         self._seen: OrderedDict[str, Hashable] = OrderedDict()
 
@@ -103,7 +109,7 @@ class _Versions:
         return key, version
 
 
-def _walk(namespace: Namespace) -> Iterator[_File | _Chunks]:
+def _walk(namespace: Walked) -> Iterator[_File | _Chunks]:
     """Every file of the view, depth first: a directory's files, then its subdirectories
     (chunk directories in grid order, others by name)."""
     versions = _Versions(namespace)
@@ -144,7 +150,7 @@ def _stretches(run: ChunkRun, versions: _Versions) -> Iterator[_Chunks]:
         yield _Chunks(run.directory, names, shard, shards, extents, serve)
 
 
-def _hash(ns: Namespace, gap: int, piece: int, batch: list[_File | _Chunks]) -> list[Block]:
+def _hash(ns: Walked, gap: int, piece: int, batch: list[_File | _Chunks]) -> list[Block]:
     """The (name, digest, size) of the files of `batch`, by directory, in its order."""
     chunks = [item for item in batch if isinstance(item, _Chunks)]
     digests, sizes = _hash_chunks(ns, chunks, gap, piece) if chunks else ([], [])
@@ -167,7 +173,7 @@ def _hash(ns: Namespace, gap: int, piece: int, batch: list[_File | _Chunks]) -> 
 
 
 def _hash_chunks(
-    ns: Namespace, chunks: list[_Chunks], gap: int, piece: int
+    ns: Walked, chunks: list[_Chunks], gap: int, piece: int
 ) -> tuple[list[str], list[int]]:
     """The digests and served sizes of the chunk files of `chunks`, in their order.
 
@@ -225,7 +231,7 @@ def _hash_chunks(
 
 
 def _serve(
-    ns: Namespace,
+    ns: Walked,
     key: str,
     serve: Callable[[bytes], bytes],
     stored: memoryview,
@@ -245,7 +251,7 @@ def _serve(
 
 
 def virtual_checksum(
-    namespace: Namespace,
+    namespace: Walked,
     progress: tqdm | None = None,
     workers: int | None = None,
     on_directory: Callable[[DirectoryChecksum], None] | None = None,

@@ -46,6 +46,7 @@ from shardfs.sources import is_local, open_leftovers, open_source, open_view
 from shardfs.storage import Storage
 from shardfs.view.hierarchy import Hierarchy
 from shardfs.view.precomputed import PrecomputedSource
+from shardfs.view.wkw import WkwSource
 
 log = logging.getLogger("shardfs")
 
@@ -72,8 +73,8 @@ def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     mount.add_argument(
         "source",
         help=(
-            "a local directory or s3://BUCKET/PREFIX holding a Zarr v3 hierarchy or a "
-            "Neuroglancer precomputed volume"
+            "a local directory or s3://BUCKET/PREFIX holding a Zarr v3 hierarchy, a "
+            "Neuroglancer precomputed volume or a WKW dataset"
         ),
     )
     mount.add_argument("mountpoint", help="an existing, empty directory (see nonempty)")
@@ -376,7 +377,7 @@ def _raise_file_limit() -> None:
 def _run_daemon(
     args: argparse.Namespace,
     options: MountOptions,
-    source: Hierarchy | PrecomputedSource,
+    source: Hierarchy | PrecomputedSource | WkwSource,
     early: logs.Early,
     ready_fd: int | None = None,
 ) -> int:
@@ -452,7 +453,7 @@ def _run_daemon(
 def _detach_daemon(
     args: argparse.Namespace,
     options: MountOptions,
-    source: Hierarchy | PrecomputedSource,
+    source: Hierarchy | PrecomputedSource | WkwSource,
     early: logs.Early,
 ) -> int:
     """Fork the daemon into its own session and wait until it reports. The child goes on
@@ -575,11 +576,9 @@ def _sync(mountpoint: str) -> None:
 def _zarr_storage(source: str, command: str) -> Storage:
     """The storage of a Zarr source; fsck and compact have nothing to do on other sources."""
     opened = open_source(source)
-    if isinstance(opened, PrecomputedSource):
-        raise UsageError(
-            f"source {source} is a Neuroglancer precomputed volume: "
-            f"{command} works on Zarr shards only"
-        )
+    if isinstance(opened, PrecomputedSource | WkwSource):
+        kind = "WKW dataset" if isinstance(opened, WkwSource) else "Neuroglancer precomputed volume"
+        raise UsageError(f"source {source} is a {kind}: {command} works on Zarr shards only")
     return opened.storage
 
 

@@ -105,10 +105,19 @@ def _compute(
     if args.virtual:
         from shardfs.view import Namespace, View
         from shardfs.view.hierarchy import Hierarchy
+        from shardfs.view.wkw import WkwNamespace, WkwSource
 
         hierarchy = open_source(args.source, options)
+        if isinstance(hierarchy, WkwSource):
+            view = WkwNamespace(
+                hierarchy.storage,
+                View(args.view or "v3"),
+                index_cache=options.index_cache,
+                read_cache=options.read_cache,  # blocks are read one by one: fetch ahead
+            )
+            return virtual_checksum(view, progress, on_directory=on_directory)
         if not isinstance(hierarchy, Hierarchy):
-            raise UsageError(f"--virtual: {args.source} is not a Zarr source")
+            raise UsageError(f"--virtual: {args.source} is not a Zarr or WKW source")
         namespace = Namespace(
             hierarchy.storage,
             index_cache=options.index_cache,

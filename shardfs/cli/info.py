@@ -11,6 +11,7 @@ from shardfs.maintenance import progress_bar
 from shardfs.maintenance.info import survey
 from shardfs.primitives.errors import UsageError
 from shardfs.sources import open_source
+from shardfs.view.wkw import WkwSource
 
 #: The `-o` options that mean something here: how to reach S3.
 OPTIONS = ("endpoint_url", "region", "profile", "anon", "timeout")
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as e:
         print(f"shardfs: {e}", file=sys.stderr)
         return 2
+    if isinstance(source, WkwSource):
+        _print_wkw(source, args.json)
+        return 0
     # Not left on the terminal: the report follows.
     with progress_bar("info", "shards", leave=False) as progress:
         report = survey(source.storage, progress)
@@ -55,3 +59,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("\n".join(report.lines()))
     return 1 if any(n.damaged for n in report.nodes) else 0
+
+
+def _print_wkw(source: WkwSource, as_json: bool) -> None:
+    """A WKW source's magnifications: one line each, or JSON (`{"wkw": [...]}`)."""
+    mags = source.report()
+    if as_json:
+        print(json.dumps({"wkw": mags}, indent=2))
+        return
+    layers = sorted({m["layer"] for m in mags if m["layer"] is not None})
+    print(
+        f"WKW dataset, read-only: layers {', '.join(layers) or 'none'}; {len(mags)} magnifications"
+    )
+    for m in mags:
+        shape, chunks = ("x".join(map(str, m[k])) for k in ("shape", "chunk_shape"))
+        print(f"{m['path']}: mag {m['mag']}, {m['layout']}; (c, x, y, z) {shape}, chunks {chunks}")

@@ -25,8 +25,7 @@ from shardfs.fuse.mounts import DaemonLock, mount_type
 from shardfs.fuse.notify import notify
 from shardfs.primitives.errors import ShardfsError
 from shardfs.primitives.private import UnsafeState
-from shardfs.view import Namespace
-from shardfs.view.precomputed import PrecomputedNamespace
+from shardfs.view.interface import ViewInterface
 from shardfs.writeback import Workspace
 from shardfs.writeback.leftover import Leftovers
 from shardfs.writeback.overlay import ShardRef
@@ -63,7 +62,7 @@ SETTLE = 5.0
 
 
 def serve(
-    view: Namespace | Workspace | PrecomputedNamespace,
+    view: ViewInterface,
     mountpoint: str,
     config: MountConfig,
     fuse_options: set[str],

@@ -1,11 +1,12 @@
 """What every view of a source builds on, whatever its format: the read-only view whose
 paths resolve from its root (`SourceView`), the open file (`Reader`), reading the latest version of an object (`latest`) and
-checking what is decoded from one (`verified`).
+checking what is decoded from one (`verified`), opening again what changed meanwhile
+(`open_again`) and files shown as stored (`stored_file`).
 
-The Zarr view (`shardfs.view.namespace`) and the Neuroglancer precomputed view
-(`shardfs.view.precomputed`) both serve chunks cut out of shards and files passed
-through, pinned to the version seen at open; they differ only in how a path
-becomes stored bytes, so that is all each of them says.
+The Zarr view (`shardfs.view.namespace`), the Neuroglancer precomputed view
+(`shardfs.view.precomputed`) and the WKW view (`shardfs.view.wkw`) all serve chunks
+cut out of shards and files passed through, pinned to the version seen at open; they
+differ only in how a path becomes stored bytes, so that is all each of them says.
 """
 
 from __future__ import annotations
@@ -88,6 +89,21 @@ def latest(
         except SourceChanged:
             continue  # changing while we read it: read the new version
     raise StorageError(f"{storage.describe(key)} keeps changing while {doing}")
+
+
+def open_again(node: Node, open_: Callable[[Node], Reader]) -> Reader:
+    """`open_(node)`, located again while what holds it is replaced meanwhile."""
+    for _ in attempts():
+        try:
+            return open_(node)
+        except SourceChanged:
+            continue  # replaced since it was located: locate it again
+    raise StorageError(f"{node.path} keeps changing while it is opened")
+
+
+def stored_file(storage: Storage, key: str, path: str, stat: Stat) -> Reader:
+    """View path `path` showing version `stat` of object `key` as it is stored."""
+    return Reader(storage, path, stat, storage.pin(key, stat), 0, stat.size)
 
 
 def entry_path(parent: Node, name: str) -> str:

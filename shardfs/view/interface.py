@@ -1,8 +1,8 @@
 """What a front end needs of a view: the one interface the FUSE adapter programs against.
 
-Three classes implement it: `Namespace` (a Zarr source, read-only), `Workspace`
-(a Zarr source, read-write) and `PrecomputedNamespace` (a Neuroglancer precomputed
-source, read-only). A front end asks `writes` for the writable side instead of
+Four classes implement it: `Namespace` (a Zarr source, read-only), `Workspace`
+(a Zarr source, read-write), `PrecomputedNamespace` (a Neuroglancer precomputed
+source, read-only) and `WkwNamespace` (a WKW dataset, read-only). A front end asks `writes` for the writable side instead of
 checking types, and never reaches past these methods into the classes behind
 them, so a new view (or a new front end, such as an HTTP server) only has to
 meet these two protocols.

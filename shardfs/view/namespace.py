@@ -35,7 +35,7 @@ from shardfs.primitives.errors import (
 )
 from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Storage
-from shardfs.view.base import Chunk, Reader, SourceView, entry_path
+from shardfs.view.base import Chunk, Reader, SourceView, entry_path, stored_file
 from shardfs.view.hierarchy import Hierarchy, ZarrV3
 from shardfs.view.nodes import (
     ArrayView,
@@ -224,8 +224,7 @@ class Namespace(SourceView):
             stat = self.storage.stat(key)
             if stat is None or stat.is_dir:
                 raise NotFound(node.path)
-            pin = self.storage.pin(key, stat)
-            return Reader(self.storage, node.path, stat, pin, 0, stat.size)
+            return stored_file(self.storage, key, node.path, stat)
         if node.role is Role.METADATA:
             return self._open_document(node)
         array = self.presentation.fresh(node.meta)

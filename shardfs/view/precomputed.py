@@ -59,6 +59,8 @@ from shardfs.view.base import (
     entry_path,
     latest,
     logged_corruption,
+    open_again,
+    stored_file,
     verified,
 )
 from shardfs.view.hierarchy import join
@@ -485,12 +487,7 @@ class PrecomputedNamespace(SourceView):
     # -- data ----------------------------------------------------------------------------
 
     def open(self, node: Node) -> Reader:
-        for _ in attempts():
-            try:
-                return self._open(node)
-            except SourceChanged:
-                continue  # replaced since it was located: locate it again
-        raise StorageError(f"{node.path} keeps changing while it is opened")
+        return open_again(node, self._open)
 
     def _open(self, node: Node) -> Reader:
         volume = self.volume()
@@ -503,8 +500,7 @@ class PrecomputedNamespace(SourceView):
         if isinstance(target, Stat):
             if target.is_dir:
                 raise IsADirectory(node.path)
-            pin = self.storage.pin(node.path, target)
-            return Reader(self.storage, node.path, target, pin, 0, target.size)
+            return stored_file(self.storage, node.path, node.path, target)
         chunk = target
         size = self._file_size(chunk)
         sharding = chunk.scale.sharding

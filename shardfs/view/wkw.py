@@ -1,0 +1,536 @@
+"""The read-only view of a webknossos-wrap (WKW) dataset: Zarr arrays of plain chunk files.
+
+A dataset root (`datasource-properties.json`) is shown as a group, each WKW
+layer as a group, each magnification as an array; a bare magnification
+(`header.wkw` only) is an array at the root. Every directory keeps its path;
+the view adds the Zarr documents (`zarr.json`, or `.zgroup`/`.zarray`/`.zattrs`
+and a consolidated `.zmetadata` in the v2 view) and, in a magnification's
+directory, replaces the WKW files by one chunk file per block: `c/0/X/Y/Z`
+(v3) or `0/X/Y/Z` (v2, `dimension_separator` `/`: no directory lists more than a row
+of blocks). Other files of the dataset pass through.
+
+A chunk file's size is known from the header alone, so stat and listings
+read no data file. A data file's header and jump table are read with one
+request the first time one of its blocks is opened, checked against the
+magnification's header, and cached by the file's version; a block is then
+one ranged read (through `ReadAhead` where requests are costly), LZ4 blocks
+decoded. A file changed while a block of it is open fails the reads rather
+than mixing versions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from shardfs.formats.keys import ChunkKeyEncoding
+from shardfs.formats.wkw import (
+    HEADER,
+    HEADER_SIZE,
+    PROPERTIES,
+    V2_NAMES,
+    V3_NAMES,
+    Header,
+    Mag,
+    Vector,
+    bare_shape,
+    file_key,
+    group_json,
+    parse_file_part,
+    parse_properties,
+    v2_documents,
+    zmetadata,
+)
+from shardfs.formats.zarr_v2 import ZMETADATA
+from shardfs.formats.zarr_v2 import render as render_v2
+from shardfs.primitives.cache import LruCache
+from shardfs.primitives.errors import (
+    CorruptData,
+    InvalidMetadata,
+    IsADirectory,
+    NotADirectory,
+    NotFound,
+)
+from shardfs.storage.base import Entry, Stat, Storage
+from shardfs.view.base import (
+    Chunk,
+    Reader,
+    SourceView,
+    entry_path,
+    latest,
+    open_again,
+    stored_file,
+    verified,
+)
+from shardfs.view.hierarchy import join
+from shardfs.view.nodes import Attr, Listing, Node, Role
+from shardfs.view.presentation import View
+from shardfs.view.readahead import Extents, ReadAhead
+
+log = logging.getLogger("shardfs")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What the view shows of a WKW source, from version `stat` of its metadata file:
+    its groups (attributes by directory), its magnifications (by directory) and the
+    documents the view renders (by path)."""
+
+    stat: Stat
+    groups: dict[str, dict[str, Any]]
+    mags: dict[str, Mag]
+    docs: dict[str, bytes]
+
+    @property
+    def cost(self) -> int:
+        return sum(len(d) for d in self.docs.values()) + 1024 * (len(self.mags) + 1)
+
+    def mag_of(self, path: str) -> Mag | None:
+        """The magnification whose directory holds `path` (or is it)."""
+        for key, mag in self.mags.items():
+            if not key or path == key or path.startswith(key + "/"):
+                return mag
+        return None
+
+
+@dataclass(frozen=True)
+class WkwSource:
+    """A source holding a WKW dataset (or one magnification), as found when it was opened."""
+
+    storage: Storage
+    dataset: Dataset
+
+    def report(self) -> list[dict[str, Any]]:
+        """Each magnification: its directory, layer, layout and shape, for `shardfs info`."""
+        return [
+            {
+                "path": key or ".",
+                "layer": mag.layer,
+                "mag": list(mag.factors) if mag.factors is not None else None,
+                "data_type": mag.header.dtype.name,
+                "channels": mag.header.channels,
+                "layout": mag.header.describe(),
+                "shape": mag.array_shape,
+                "chunk_shape": mag.chunk_shape,
+            }
+            for key, mag in sorted(self.dataset.mags.items())
+        ]
+
+
+def _metadata_key(storage: Storage) -> str | None:
+    """What makes the root a WKW source: its properties, or a magnification's header."""
+    for key in (PROPERTIES, HEADER):
+        stat = storage.stat(key)
+        if stat is not None and not stat.is_dir:
+            return key
+    return None
+
+
+def open_wkw(storage: Storage, view: View = View.V3) -> WkwSource | None:
+    """The WKW dataset at the root of `storage`, or None if there is none; InvalidMetadata
+    if its metadata cannot be read."""
+    key = _metadata_key(storage)
+    if key is None:
+        return None
+    dataset = latest(storage, key, lambda stat: load_dataset(storage, key, stat, view))
+    if dataset is None:
+        return None
+    if not dataset.mags:
+        raise InvalidMetadata(f"{PROPERTIES} lists no WKW magnification shardfs can read")
+    return WkwSource(storage, dataset)
+
+
+def _read_header(storage: Storage, key: str) -> Header | None:
+    """The header of a magnification directory `key`, or None (with a warning) if it has
+    none that shardfs reads."""
+    path = join(key, HEADER)
+    stat = storage.stat(path)
+    if stat is None or stat.is_dir:
+        return None
+    try:
+        return Header.parse(storage.read(path, 0, min(HEADER_SIZE, stat.size), stat.version))
+    except CorruptData as e:
+        log.warning("%s: shown as stored: %s", storage.describe(path), e)
+        return None
+
+
+def _files(storage: Storage, key: str, row: int | None = None) -> list[tuple[Vector, Stat]]:
+    """The data files of magnification `key` (`z*/y*/x*.wkw`): their positions and stats;
+    only those of file row `y{row}` if it is given (it saves listing the others)."""
+    found = []
+    for z in storage.list(key):
+        zi = parse_file_part("z", z.name)
+        if zi is None or not z.stat.is_dir:
+            continue
+        if row is not None:
+            y_dir = storage.stat(join(join(key, z.name), f"y{row}"))
+            rows = [Entry(f"y{row}", y_dir)] if y_dir is not None else []
+        else:
+            rows = storage.list(join(key, z.name))
+        for y in rows:
+            yi = parse_file_part("y", y.name)
+            if yi is None or not y.stat.is_dir:
+                continue
+            for x in storage.list(join(join(key, z.name), y.name)):
+                xi = parse_file_part("x", x.name, ".wkw")
+                if xi is not None and not x.stat.is_dir:
+                    found.append(((xi, yi, zi), x.stat))
+    return found
+
+
+def load_dataset(storage: Storage, key: str, stat: Stat, view: View) -> Dataset:
+    """The dataset that version `stat` of its metadata file `key` describes, with the
+    headers of its magnifications; a magnification that cannot be read is left as stored
+    (one warning)."""
+    raw = storage.read(key, 0, stat.size, stat.version)
+    groups: dict[str, dict[str, Any]] = {}
+    mags: dict[str, Mag] = {}
+    if key == HEADER:
+        try:
+            header = Header.parse(raw)
+        except CorruptData as e:
+            raise InvalidMetadata(f"{HEADER}: {e}") from None
+        shape = bare_shape(header, [position for position, _ in _files(storage, "")])
+        mags[""] = Mag("", header, shape)
+    else:
+        properties = parse_properties(raw)
+        for line in properties.skipped:
+            log.warning("%s: %s", storage.describe(key), line)
+        groups[""] = properties.attributes
+        for layer in properties.layers:
+            for spec in layer.mags:
+                found = next(
+                    (
+                        (d, h)
+                        for d in spec.candidates
+                        if (h := _read_header(storage, d)) is not None
+                    ),
+                    None,
+                )
+                if found is None:
+                    log.warning(
+                        "%s: layer %s: no WKW magnification %s found (looked in %s)",
+                        storage.describe(key),
+                        layer.name,
+                        "-".join(map(str, spec.mag)),
+                        ", ".join(spec.candidates),
+                    )
+                    continue
+                directory, header = found
+                shape = layer.shape(spec.mag)
+                mags[directory] = Mag(
+                    directory, header, shape, spec.mag, layer.top_left, layer.name
+                )
+                groups[layer.name] = layer.attributes
+    for directory in mags:
+        groups.pop(directory, None)
+    return Dataset(stat, groups, mags, _documents(groups, mags, view))
+
+
+def _documents(
+    groups: dict[str, dict[str, Any]], mags: dict[str, Mag], view: View
+) -> dict[str, bytes]:
+    """The documents the view renders, by path."""
+    if view is View.V3:
+        docs = {join(key, "zarr.json"): group_json(attrs) for key, attrs in groups.items()}
+        docs.update({join(key, "zarr.json"): mag.zarr_json() for key, mag in mags.items()})
+        return docs
+    v2 = v2_documents(groups, mags)
+    docs = {
+        join(key, name): render_v2(doc) for key, named in v2.items() for name, doc in named.items()
+    }
+    for key in groups:
+        docs[join(key, ZMETADATA)] = render_v2(zmetadata(v2, key))
+    return docs
+
+
+@dataclass(frozen=True, eq=False)
+class _Table:
+    """Where the blocks of version `stat` of data file `key` are: (offset, stored size) by
+    index in the file. What read-ahead walks."""
+
+    key: str
+    stat: Stat
+    entries: np.ndarray
+    part: None = field(default=None, init=False)
+
+    @cached_property
+    def extents(self) -> Extents:
+        return Extents(self.entries[:, 0], self.entries[:, 1])  # in file order already
+
+    @property
+    def cost(self) -> int:
+        return 3 * self.entries.nbytes + 256
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A chunk file: block `block` of magnification `mag`, in data file `key` (as stat'ed)."""
+
+    mag: Mag
+    block: Vector
+    key: str
+    stat: Stat
+
+
+@dataclass(frozen=True)
+class _ChunkDir:
+    """A directory of a magnification's chunk keys (v3), fixing coordinates `prefix`."""
+
+    mag: Mag
+    prefix: tuple[int, ...]
+
+
+#: What a view path is: a rendered document, a chunk, a chunk directory, a magnification
+#: directory, or a source file or directory.
+_Target = bytes | _Block | _ChunkDir | Mag | Stat
+_ROLES = {bytes: Role.METADATA, _Block: Role.CHUNK, _ChunkDir: Role.CHUNK_DIR, Mag: Role.ARRAY}
+
+
+class WkwNamespace(SourceView):
+    """The view of one WKW source, for the FUSE adapter's read-only calls. Thread-safe;
+    every method may block on storage."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        view: View = View.V3,
+        index_cache: int = 64 << 20,
+        read_cache: int = 64 << 20,
+    ) -> None:
+        self.storage = storage
+        self.view = view
+        self.names: ChunkKeyEncoding = V3_NAMES if view is View.V3 else V2_NAMES
+        self.metadata_key = _metadata_key(storage) or PROPERTIES
+        #: Data files' block tables, by file version (corrupt ones too: logged once).
+        self.tables: LruCache[_Table] = LruCache(
+            index_cache, lambda t: t.cost, cache_errors=(CorruptData,)
+        )
+        #: Blocks fetched ahead of their reads (only on stores with costly requests).
+        self.read_ahead = ReadAhead(storage, read_cache)
+        #: The dataset by version of its metadata file; None once it is not valid.
+        self.datasets: LruCache[Dataset | None] = LruCache(
+            4 << 20, lambda d: d.cost if d is not None else 256
+        )
+
+    def caches(self) -> dict[str, LruCache | ReadAhead]:
+        return {
+            "shard indexes": self.tables,
+            "metadata": self.datasets,
+            "read-ahead": self.read_ahead,
+        }
+
+    def digest_source(self, node: Node) -> None:
+        return None  # `user.md5` is a Zarr view's
+
+    # -- the dataset -------------------------------------------------------------------
+
+    def dataset(self) -> Dataset | None:
+        """The dataset as its metadata file describes it now; None (everything shown as
+        stored) if that is gone or no longer valid."""
+        key = self.metadata_key
+        return latest(
+            self.storage, key, lambda stat: self.datasets.get(stat.version, self._loader(stat))
+        )
+
+    def _loader(self, stat: Stat) -> Callable[[], Dataset | None]:
+        def load() -> Dataset | None:
+            try:
+                return load_dataset(self.storage, self.metadata_key, stat, self.view)
+            except InvalidMetadata as e:
+                name = self.storage.describe(self.metadata_key)
+                log.warning("%s: every file shown as stored: %s", name, e)
+                return None
+
+        return load
+
+    # -- classification ----------------------------------------------------------------
+
+    def _root(self) -> Node:
+        dataset = self.dataset()
+        return Node("", self._role(dataset, "", self._target(dataset, "")))
+
+    def lookup(self, parent: Node, name: str) -> Node:
+        path = entry_path(parent, name)
+        dataset = self.dataset()
+        return Node(path, self._role(dataset, path, self._target(dataset, path)))
+
+    def _target(self, dataset: Dataset | None, path: str) -> _Target:
+        """What `path` is now; NotFound if nothing."""
+        if dataset is not None:
+            doc = dataset.docs.get(path)
+            if doc is not None:
+                return doc
+            mag = dataset.mag_of(path)
+            if mag is not None:
+                return self._in_mag(mag, path)
+        stat = self.storage.stat(path)
+        if stat is None:
+            raise NotFound(path)
+        return stat
+
+    def _in_mag(self, mag: Mag, path: str) -> _Block | _ChunkDir | Mag:
+        if path == mag.key:
+            return mag
+        rel = path[len(mag.key) + 1 :] if mag.key else path
+        coords = self.names.decode(rel, 4)
+        if coords is not None:
+            block = mag.chunk_coords(coords)
+            if block is not None:
+                position, _ = mag.locate(block)
+                key = join(mag.key, file_key(position))
+                stat = self.storage.stat(key)
+                if stat is not None and not stat.is_dir:
+                    return _Block(mag, block, key, stat)
+            raise NotFound(path)
+        prefix = self.names.dir_depth(rel.split("/"), 4)
+        if prefix is not None and (not prefix or mag.chunk_coords((*prefix, 0, 0, 0)[:4])):
+            return _ChunkDir(mag, prefix)
+        raise NotFound(path)
+
+    @staticmethod
+    def _role(dataset: Dataset | None, path: str, target: _Target) -> Role:
+        if not isinstance(target, Stat):
+            return _ROLES[type(target)]
+        if not target.is_dir:
+            return Role.FILE
+        return Role.GROUP if dataset is not None and path in dataset.groups else Role.DIR
+
+    # -- attributes and listings ---------------------------------------------------------
+
+    def attr(self, node: Node) -> Attr:
+        dataset = self.dataset()
+        target = self._target(dataset, node.path)
+        if isinstance(target, bytes):
+            assert dataset is not None
+            return Attr(False, len(target), dataset.stat.mtime_ns)
+        if isinstance(target, _Block):
+            return Attr(False, target.mag.header.block_bytes, target.stat.mtime_ns)
+        if isinstance(target, _ChunkDir | Mag):
+            assert dataset is not None
+            return Attr(True, 0, dataset.stat.mtime_ns)
+        return Attr.of(target)
+
+    def listing(self, node: Node) -> Listing:
+        """The entries of a directory node, sorted by name."""
+        dataset = self.dataset()
+        target = self._target(dataset, node.path)
+        if isinstance(target, Mag | _ChunkDir):
+            assert dataset is not None
+            entries = self._chunk_entries(dataset, node.path, target)
+        elif isinstance(target, Stat) and target.is_dir:
+            entries = self._source_entries(dataset, node.path)
+        else:
+            raise NotADirectory(node.path)
+        entries.sort(key=lambda item: item[0])
+        return Listing(entries)
+
+    def _docs_in(self, dataset: Dataset, directory: str) -> list[tuple[str, Node, Attr]]:
+        return [
+            (name, Node(path, Role.METADATA), Attr(False, len(doc), dataset.stat.mtime_ns))
+            for path, doc in dataset.docs.items()
+            if (name := path.rpartition("/")[2]) and join(directory, name) == path
+        ]
+
+    def _source_entries(
+        self, dataset: Dataset | None, directory: str
+    ) -> list[tuple[str, Node, Attr]]:
+        """A source directory's entries, with the view's documents instead of any of the
+        same name, and magnifications shown as arrays."""
+        listed = []
+        docs = self._docs_in(dataset, directory) if dataset is not None else []
+        shown = {name for name, _, _ in docs}
+        for entry in self.storage.list(directory):
+            if entry.name in shown:
+                continue
+            path = join(directory, entry.name)
+            if dataset is not None and path in dataset.mags:
+                node = Node(path, Role.ARRAY)
+                listed.append((entry.name, node, Attr(True, 0, dataset.stat.mtime_ns)))
+                continue
+            role = self._role(dataset, path, entry.stat)
+            listed.append((entry.name, Node(path, role), Attr.of(entry.stat)))
+        return docs + listed
+
+    def _chunk_entries(
+        self, dataset: Dataset, directory: str, target: Mag | _ChunkDir
+    ) -> list[tuple[str, Node, Attr]]:
+        """A magnification's documents and its key space's first level (`c` in v3), or one
+        level of its chunk keys: only what a data file holds blocks of."""
+        mag = target if isinstance(target, Mag) else target.mag
+        prefix = target.prefix if isinstance(target, _ChunkDir) else ()
+        entries = self._docs_in(dataset, directory) if isinstance(target, Mag) else []
+        # A directory c/0/X/Y lists blocks of one row of files only.
+        row = prefix[2] // mag.header.file_len if len(prefix) == 3 else None
+        found: dict[int, int] = {}  # index at this level: the latest mtime of its files
+        for position, stat in _files(self.storage, mag.key, row):
+            ranges = [range(1), *mag.blocks_of_file(position)]
+            if all(ranges[1:]) and all(p in r for p, r in zip(prefix, ranges, strict=False)):
+                for i in ranges[len(prefix)]:
+                    found[i] = max(found.get(i, 0), stat.mtime_ns)
+        if isinstance(target, Mag) and self.names.name == "default":  # v3: keys below `c`
+            if found:
+                node = Node(join(directory, "c"), Role.CHUNK_DIR, coords=())
+                entries.append(("c", node, Attr(True, 0, dataset.stat.mtime_ns)))
+            return entries
+        for i, mtime_ns in found.items():
+            coords = (*prefix, i)
+            if len(coords) == 4:  # a chunk: its block lies in one file
+                role, attr = Role.CHUNK, Attr(False, mag.header.block_bytes, mtime_ns)
+            else:
+                role, attr = Role.CHUNK_DIR, Attr(True, 0, mtime_ns)
+            entries.append((str(i), Node(join(directory, str(i)), role, coords=coords), attr))
+        return entries
+
+    # -- data ----------------------------------------------------------------------------
+
+    def open(self, node: Node) -> Reader:
+        return open_again(node, self._open)
+
+    def _open(self, node: Node) -> Reader:
+        dataset = self.dataset()
+        target = self._target(dataset, node.path)
+        if isinstance(target, bytes):
+            assert dataset is not None
+            return Reader(self.storage, node.path, dataset.stat, None, data=target)
+        if isinstance(target, _ChunkDir | Mag) or (isinstance(target, Stat) and target.is_dir):
+            raise IsADirectory(node.path)
+        if isinstance(target, Stat):
+            return stored_file(self.storage, node.path, node.path, target)
+        header = target.mag.header
+        table = self._table(header, target.key, target.stat)
+        _, index = target.mag.locate(target.block)
+        offset, stored = (int(v) for v in table.entries[index])
+        return Reader(
+            self.storage,
+            node.path,
+            target.stat,
+            self.storage.pin(target.key, target.stat),
+            offset,
+            stored,
+            header.block_bytes,
+            decode=header.decode if header.compressed else None,
+            chunk=Chunk(self.read_ahead, table),
+        )
+
+    def _table(self, header: Header, key: str, stat: Stat) -> _Table:
+        """The block table of version `stat` of a data file: one read of its start."""
+
+        def load() -> _Table:
+            entries = verified(
+                self.storage,
+                key,
+                stat,
+                lambda: header.extents(
+                    self.storage.read(key, 0, min(header.prefix_size, stat.size), stat.version),
+                    stat.size,
+                ),
+            )
+            return _Table(key, stat, entries)
+
+        return self.tables.get((key, stat.version), load)
