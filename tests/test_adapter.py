@@ -80,6 +80,7 @@ class Replies:
         self.room = room
         self.left = room
         self.names: list[str] = []
+        self.inos: list[int] = []
         self.next_ids: list[int] = []
 
     def __call__(
@@ -89,6 +90,7 @@ class Replies:
             return False
         self.left -= 1
         self.names.append(os.fsdecode(name))
+        self.inos.append(attr.st_ino)
         self.next_ids.append(next_id)
         return True
 
@@ -259,3 +261,24 @@ def test_a_reader_dropped_while_a_thread_reads_it_is_closed_after_that_read(
 
     assert run(main) == [expected[0]]
     assert ops.errors == {}
+
+
+def test_a_chunk_file_a_listing_showed_is_read_as_listed_with_no_reader(
+    source: Path, replies: Callable[[int], Replies], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kernel-served: a chunk file the kernel learned of from a listing (readdirplus) is
+    read from the shard version that listing located, opening no reader, even once
+    zarr-python has replaced the shard."""
+    ops = operations(source, kernel_served=True)
+    recorder = replies(1000)
+    assert read_dir(ops, recorder, run(lambda: inode_of(ops, "image/c/0"))) == ["0", "1", "2", "3"]
+    ino = recorder.inos[recorder.names.index("1")]
+    image = zarr.open_array(source / "image", mode="r+")
+    expected = np.ascontiguousarray(image[0:8, 8:16]).tobytes()
+    image[0:16, 0:16] = 7  # a new shard c/0/0, renamed over the one listed
+
+    def no_reader(*args: Any) -> None:
+        raise AssertionError("a reader was opened")
+
+    monkeypatch.setattr(ops, "_open_as_of", no_reader)
+    assert run(lambda: ops.read(ino, 0, 4096)) == expected

@@ -50,9 +50,9 @@ from shardfs.primitives.errors import (
     Unimplemented,
 )
 from shardfs.storage.base import Stat
-from shardfs.view import Attr, Node
+from shardfs.view import Attr, Node, Role
 from shardfs.view.interface import Opened, OpenFile, ViewInterface, Writes
-from shardfs.view.nodes import ChunkRun, Listing
+from shardfs.view.nodes import ChunkRun, Extent, Listing
 from shardfs.view.shown import KernelVersions, Shown
 
 log = logging.getLogger("shardfs")
@@ -317,6 +317,9 @@ class Operations(pyfuse3.Operations):
         self._dir_listings: _ByInode[Listing] = _ByInode(
             INODE_LISTINGS, lambda inode, _: self._windows.pop(inode, None)
         )
+        #: the latest listings shown, by directory path, with their shows: where the chunk
+        #: files they showed are stored (see `_extent`)
+        self._listed: OrderedDict[str, tuple[Shown, Listing]] = OrderedDict()
         self._digests: ChunkDigests | None = None
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -500,7 +503,11 @@ class Operations(pyfuse3.Operations):
             node = self._node(inode)
             listing, seen = await self._recorded(self.view.listing, node)
             if self.versions is not None and seen is not None:
-                self.versions.show(seen, directory=node.path)
+                shown = self.versions.show(seen, directory=node.path)
+                self._listed.pop(node.path, None)
+                self._listed[node.path] = (shown, listing)
+                if len(self._listed) > INODE_LISTINGS:
+                    self._listed.popitem(last=False)
             self._drop_listing(inode)
             self._dir_listings.put(inode, listing)
         return listing
@@ -660,8 +667,9 @@ class Operations(pyfuse3.Operations):
         live = self._readers.get(inode)
         if live is None:
             node = self._node(inode)
-            shown = self.versions.latest(inode, node.path.rpartition("/")[0])
-            extent = shown.extent if shown is not None else None
+            directory = node.path.rpartition("/")[0]
+            shown = self.versions.latest(inode, directory)
+            extent = self._extent(node, directory, shown)
             if extent is not None and off + size >= extent.length:
                 # A read to the end of a file its show located: from the kept version
                 # at once, with no reader (no pass to keep going, see `_shown`).
@@ -685,6 +693,17 @@ class Operations(pyfuse3.Operations):
         if off + len(data) >= live.size or not data:
             self._readers.drop(inode)  # the pass is over: the kernel holds what it read
         return data
+
+    def _extent(self, node: Node, directory: str, shown: Shown | None) -> Extent | None:
+        """Where the bytes of `node` (an entry of `directory`) are stored as `shown`, the
+        kernel's latest show of it, found them: its lookup's, or its listing's if that
+        listing is among the latest kept."""
+        if shown is None or shown.extent is not None:
+            return shown.extent if shown is not None else None
+        listed = self._listed.get(directory)
+        if listed is None or listed[0] is not shown or node.role is not Role.CHUNK:
+            return None
+        return listed[1].extent(node.array.key, node.coords)
 
     def _open_as_of(self, node: Node, shown: Shown | None) -> _Pass:
         assert self.versions is not None

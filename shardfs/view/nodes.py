@@ -247,6 +247,29 @@ class ChunkRun:
         coords = tuple(self.coords[i].tolist())
         return Node(join(self.directory, name), Role.CHUNK, self.array, coords)
 
+    @functools.cached_property
+    def _flat(self) -> np.ndarray:
+        """Each row's position in C order of the grid (ascending: rows are in grid order)."""
+        grid = self.array.layout.grid
+        if not grid:
+            return np.zeros(len(self.coords), np.int64)
+        return np.ravel_multi_index(self.coords.T, grid).astype(np.int64)
+
+    def extent(self, coords: tuple[int, ...]) -> Extent | None:
+        """Where chunk `coords` is stored, if it is one of these rows and its file holds its
+        stored bytes; as of the shard versions the run was made from."""
+        if not self.array.served_as_stored:
+            return None
+        flat = 0
+        for coord, size in zip(coords, self.array.layout.grid, strict=True):
+            flat = flat * size + coord
+        i = int(np.searchsorted(self._flat, flat))
+        if i == len(self._flat) or self._flat[i] != flat:
+            return None
+        key, stat = self.shards[int(self.shard[i])]
+        offset, nbytes = self.extents[i].tolist()
+        return Extent(key, stat, offset, nbytes)
+
     def keep(self, mask: np.ndarray) -> ChunkRun:
         """The run without the chunks where `mask` is False."""
         return replace(
@@ -285,6 +308,14 @@ class Listing:
             row = max(0, start - self.starts[i])
             if row < len(self.runs[i]):
                 yield self.starts[i] + row, self.runs[i], row
+
+    def extent(self, array: str, coords: tuple[int, ...]) -> Extent | None:
+        """Where chunk `coords` of the array at `array` is stored, if it is one of the chunk
+        files listed and holds its stored bytes (see `ChunkRun.extent`)."""
+        for run in self.runs:
+            if run.array.key == array and (found := run.extent(coords)) is not None:
+                return found
+        return None
 
     def items(self) -> Iterator[tuple[str, Node, Attr]]:
         """Every entry with a node (one object per chunk: for small directories and tests)."""
