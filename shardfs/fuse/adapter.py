@@ -50,7 +50,7 @@ from shardfs.primitives.errors import (
     Unimplemented,
 )
 from shardfs.storage.base import Stat
-from shardfs.view import Attr, Node, Role
+from shardfs.view import Attr, Node
 from shardfs.view.interface import Opened, OpenFile, ViewInterface, Writes
 from shardfs.view.nodes import ChunkRun, Extent, Listing
 from shardfs.view.shown import KernelVersions, Shown
@@ -701,9 +701,9 @@ class Operations(pyfuse3.Operations):
         if shown is None or shown.extent is not None:
             return shown.extent if shown is not None else None
         listed = self._listed.get(directory)
-        if listed is None or listed[0] is not shown or node.role is not Role.CHUNK:
+        if listed is None or listed[0] is not shown:
             return None
-        return listed[1].extent(node.array.key, node.coords)
+        return listed[1].extent(node)
 
     def _open_as_of(self, node: Node, shown: Shown | None) -> _Pass:
         assert self.versions is not None

@@ -309,11 +309,14 @@ class Listing:
             if row < len(self.runs[i]):
                 yield self.starts[i] + row, self.runs[i], row
 
-    def extent(self, array: str, coords: tuple[int, ...]) -> Extent | None:
-        """Where chunk `coords` of the array at `array` is stored, if it is one of the chunk
-        files listed and holds its stored bytes (see `ChunkRun.extent`)."""
+    def extent(self, node: Node) -> Extent | None:
+        """Where the file of `node` is stored, if it is one of the chunk files listed and
+        holds its stored bytes (see `ChunkRun.extent`); None for any other node, also of
+        views whose chunks are not a Zarr array's."""
+        if node.role is not Role.CHUNK or not isinstance(node.meta, ArrayView):
+            return None
         for run in self.runs:
-            if run.array.key == array and (found := run.extent(coords)) is not None:
+            if run.array.key == node.meta.key and (found := run.extent(node.coords)) is not None:
                 return found
         return None
 
