@@ -59,6 +59,7 @@ log = logging.getLogger("shardfs")
 
 P = ParamSpec("P")
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 _ERRNO: list[tuple[type[ShardfsError], int]] = [
@@ -217,33 +218,33 @@ class MountConfig:
         return self.timeout if self.read_only else 1.0
 
 
-class _ByInode(Generic[V]):
-    """Per-inode state of a kernel-served mount (no open/opendir, so no file handles):
-    kept for the most recently used inodes, `close` called on what is dropped."""
+class _ByInode(Generic[K, V]):
+    """Per-inode (or per-directory) state of a kernel-served mount (no open/opendir, so
+    no file handles): kept for the most recently used, `close` called on what is dropped."""
 
-    def __init__(self, budget: int, close: Callable[[int, V], None]) -> None:
-        self._items: OrderedDict[int, V] = OrderedDict()
+    def __init__(self, budget: int, close: Callable[[K, V], None]) -> None:
+        self._items: OrderedDict[K, V] = OrderedDict()
         self._budget = budget
         self._close = close
 
-    def get(self, inode: int) -> V | None:
-        item = self._items.get(inode)
+    def get(self, key: K) -> V | None:
+        item = self._items.get(key)
         if item is not None:
-            self._items.move_to_end(inode)
+            self._items.move_to_end(key)
         return item
 
-    def put(self, inode: int, item: V) -> None:
-        self.drop(inode)
-        self._items[inode] = item
+    def put(self, key: K, item: V) -> None:
+        self.drop(key)
+        self._items[key] = item
         while len(self._items) > self._budget:
             self._close(*self._items.popitem(last=False))
 
-    def drop(self, inode: int) -> None:
-        item = self._items.pop(inode, None)
+    def drop(self, key: K) -> None:
+        item = self._items.pop(key, None)
         if item is not None:
-            self._close(inode, item)
+            self._close(key, item)
 
-    def items(self) -> Iterable[tuple[int, V]]:
+    def items(self) -> Iterable[tuple[K, V]]:
         return self._items.items()
 
 
@@ -304,7 +305,7 @@ class Operations(pyfuse3.Operations):
         self._listings: dict[int, Listing] = {}
         self._windows: dict[int, _Window] = {}
         # kernel-served mounts: by inode, since the kernel sends no file handles
-        self._readers: _ByInode[_Pass] = _ByInode(INODE_READERS, lambda _, p: p.drop())
+        self._readers: _ByInode[int, _Pass] = _ByInode(INODE_READERS, lambda _, p: p.drop())
         #: what the kernel of a kernel-served mount was shown of each file
         self.versions = (
             KernelVersions(view.storage, config.cache_timeout) if config.kernel_served else None
@@ -314,12 +315,14 @@ class Operations(pyfuse3.Operations):
         #: the show whose reads last failed, by inode: logged once
         self._failed_shows: dict[int, int] = {}
         # a listing's window of prepared rows goes with it
-        self._dir_listings: _ByInode[Listing] = _ByInode(
+        self._dir_listings: _ByInode[int, Listing] = _ByInode(
             INODE_LISTINGS, lambda inode, _: self._windows.pop(inode, None)
         )
         #: the latest listings shown, by directory path, with their shows: where the chunk
         #: files they showed are stored (see `_extent`)
-        self._listed: OrderedDict[str, tuple[Shown, Listing]] = OrderedDict()
+        self._listed: _ByInode[str, tuple[Shown, Listing]] = _ByInode(
+            INODE_LISTINGS, lambda *_: None
+        )
         self._digests: ChunkDigests | None = None
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -504,10 +507,7 @@ class Operations(pyfuse3.Operations):
             listing, seen = await self._recorded(self.view.listing, node)
             if self.versions is not None and seen is not None:
                 shown = self.versions.show(seen, directory=node.path)
-                self._listed.pop(node.path, None)
-                self._listed[node.path] = (shown, listing)
-                if len(self._listed) > INODE_LISTINGS:
-                    self._listed.popitem(last=False)
+                self._listed.put(node.path, (shown, listing))
             self._drop_listing(inode)
             self._dir_listings.put(inode, listing)
         return listing
@@ -699,7 +699,7 @@ class Operations(pyfuse3.Operations):
         kernel's latest show of it, found them: its lookup's, or its listing's if that
         listing is among the latest kept."""
         if shown is None or shown.extent is not None:
-            return shown.extent if shown is not None else None
+            return None if shown is None else shown.extent
         listed = self._listed.get(directory)
         if listed is None or listed[0] is not shown:
             return None
