@@ -303,3 +303,70 @@ for name in params["names"]:
     )
     for name, expected in values.items():
         np.testing.assert_array_equal(np.load(out / f"{name.replace('/', '__')}.npy"), expected)
+
+
+def _outcome(ns: Namespace, parent_path: str, name: str) -> object:
+    """What `entry` answers (the node, the version of its metadata, its attributes and
+    where its bytes are), or the kind of error."""
+    try:
+        node, attr = ns.entry(ns.resolve(parent_path), name)
+    except Exception as e:  # the kind of error is the answer
+        return type(e)
+    meta = node.meta.version if node.meta is not None else None
+    return node.path, node.role, node.coords, node.source, meta, attr, attr.extent
+
+
+@pytest.mark.parametrize("view", [View.V3, View.V2])
+def test_lookups_in_a_chunk_directory_seen_before_answer_as_a_fresh_view_does(
+    tmp_path: Path, view: View
+) -> None:
+    """A lookup in a directory a chunk was found in skips finding out what the directory
+    is (`Namespace._chunk_entry`). It must answer what a view that never looked there
+    answers, for every kind of name, also after the array is rewritten behind it."""
+    root = tmp_path / "src"
+    group = zarr.open_group(root, mode="w")
+    nested = group.create_array(
+        "nested", shape=(8, 12), dtype="uint8", shards=(4, 4), chunks=(2, 2)
+    )
+    nested[:2, :6] = 7  # chunks (0, 0..2) written, the rest empty
+    flat = group.create_array(
+        "flat",
+        shape=(6, 6),
+        dtype="uint8",
+        shards=(6, 6),
+        chunks=(3, 3),
+        chunk_key_encoding={"name": "v2", "separator": "."},
+    )
+    flat[:3] = 1
+    (root / "flat" / "README.txt").write_text("not a chunk")
+    names = ["0", "1", "2", "3", "5", "6", "01", "-1", "x", "", "zarr.json", ".zarray"]
+    names += ["0.0", "0.1", "1.1", "2.0", "00.0", "0.0.0", "README.txt", "c"]
+    # the directories chunk files are in, in either view
+    parents = ["nested/c/0", "nested", "flat"]
+
+    primed = Namespace(LocalStorage(root), view=view)
+
+    def compare() -> None:
+        for parent in parents:
+            for first in ["0", "0.0"]:  # a chunk found there, if either names one
+                _outcome(primed, parent, first)
+            for name in names:
+                fresh = Namespace(LocalStorage(root), view=view)
+                expected = _outcome(fresh, parent, name)
+                assert _outcome(primed, parent, name) == expected, (parent, name)
+
+    compare()
+    # Rewritten with other chunks and another key encoding: the directories the primed
+    # view remembers now hold other chunks, or none.
+    nested = group.create_array(
+        "nested",
+        shape=(8, 12),
+        dtype="uint8",
+        shards=(8, 12),
+        chunks=(4, 6),
+        chunk_key_encoding={"name": "v2", "separator": "."},
+        overwrite=True,
+    )
+    nested[:] = 3
+    group.create_array("flat", shape=(6, 6), dtype="uint8", chunks=(3, 3), overwrite=True)[:] = 2
+    compare()

@@ -53,6 +53,10 @@ from shardfs.view.shards import Shards, listed
 
 log = logging.getLogger("shardfs")
 
+#: Chunk directories whose array a lookup remembers (see `Namespace._chunk_entry`); all
+#: are dropped when full.
+LEAVES_KEPT = 4096
+
 
 class Namespace(SourceView):
     """The view of one source. Thread-safe; every method may block on storage."""
@@ -85,6 +89,9 @@ class Namespace(SourceView):
         self.shards = Shards(storage, index_cache, listing_cache)
         #: Chunks fetched ahead of their reads (only on stores with costly requests).
         self.read_ahead = ReadAhead(storage, read_cache)
+        #: By the path of a directory holding chunk files: its array as last looked up in,
+        #: and the chunk key parts the directory fixes (see `_chunk_entry`)
+        self._leaves: dict[str, tuple[ArrayView, str]] = {}
 
     def digest_source(self, node: Node) -> Namespace | None:
         return self if node.role is Role.CHUNK else None
@@ -113,11 +120,40 @@ class Namespace(SourceView):
     def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
         """`lookup` and `attr` in one step. A chunk's attributes come from the index that
         finds it: one stat of its metadata and of its shard, not two."""
+        found = self._chunk_entry(parent, name)
+        if found is not None:
+            return found
         with self.presentation.snapshot():
             node = self._lookup(parent, name)
-            if node.role is Role.CHUNK:
-                return node, self._chunk_attr(node.array, node.coords)
-            return node, self.attr(node)
+            if node.role is not Role.CHUNK:
+                return node, self.attr(node)
+            attr = self._chunk_attr(node.array, node.coords)
+        if len(self._leaves) >= LEAVES_KEPT:
+            self._leaves.clear()
+        parts = node.path[len(node.array.key) :].lstrip("/").rpartition("/")[0]
+        self._leaves[parent.path] = (node.array, f"{parts}/" if parts else "")
+        return node, attr
+
+    def _chunk_entry(self, parent: Node, name: str) -> tuple[Node, Attr] | None:
+        """The entry of chunk `name` in a directory a chunk was found in before, if its
+        array's stored document is still the version it was then: the one stat of it that
+        freshness needs, the name decoded and the chunk located, with none of the steps
+        that find out what the directory is (most of a lookup's cost, once per chunk file
+        of a cold read). None where that cannot be vouched for: `entry` finds out."""
+        known = self._leaves.get(parent.path)
+        if known is None:
+            return None
+        array, parts = known
+        doc = self.tree.find(array.key)
+        if doc is None or doc.version != array.version:
+            return None
+        # A name that decodes is a chunk key, also in the array's own directory: no
+        # document's name does, and the key space owns whatever decodes.
+        coords = array.names.decode(parts + name, array.layout.ndim)
+        if coords is None:
+            return None
+        node = Node(entry_path(parent, name), Role.CHUNK, array, coords)
+        return node, self._chunk_attr(array, coords)
 
     def _lookup(self, parent: Node, name: str) -> Node:
         """The node `name` in `parent` names, with fresh metadata; a chunk not yet located."""

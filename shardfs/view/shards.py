@@ -96,6 +96,14 @@ class Shards:
         if self.guard is not None:
             self.guard(key)
             listed = None  # it may have been written while we waited
+        elif array.layout.levels:
+            # The index of this version is usually cached already: no retries to set up.
+            listed = listed or self.storage.stat(key)
+            if listed is None or listed.is_dir:
+                return None
+            cached = self.indexes.peek((key, listed.version))
+            if cached is not None and cached.end == listed.size:
+                return cached
 
         def load(stat: Stat) -> ShardTable:
             if not array.layout.levels:
