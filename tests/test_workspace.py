@@ -30,6 +30,7 @@ from shardfs.primitives.errors import (
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, Node, View
 from shardfs.writeback import Handle, Workspace, WriteBuffer
+from shardfs.writeback.overlay import Buffered, Kind
 
 CHUNK = (4, 4)
 T = TypeVar("T")
@@ -257,6 +258,50 @@ def test_a_lookup_stats_each_metadata_document_once(source: Path) -> None:
     assert ws.entry(ws.resolve("f"), "0.1")[0].coords == (0, 1)
     with pytest.raises(NotFound):
         ws.entry(ws.resolve("f"), "1.1")
+
+
+def test_a_rename_stats_each_metadata_document_once(source: Path) -> None:
+    """A chunk writer's rename of its temp file over the key resolves both names and the
+    file it may replace from one version of the array's metadata: one stat of its
+    `zarr.json`, not one per step (it was 3). A document changed before the next rename is
+    seen by it."""
+    ws = workspace(source)
+    storage = ws.ns.storage
+    stats: list[str] = []
+    stat = storage.stat
+    storage.stat = lambda key: stats.append(key) or stat(key)  # type: ignore[method-assign]
+    write_file(ws, "a/c/1/1.1234.partial", chunk(5))
+    parent = ws.resolve("a/c/1")
+    stats.clear()
+    ws.rename(parent, "1.1234.partial", parent, "1", noreplace=False)
+    assert stats.count("a/zarr.json") == 1, stats
+    assert read(ws, "a/c/1/1") == chunk(5)
+    # Not one snapshot across calls: in an array resized to one row of chunks, a file
+    # renamed into the second row is no chunk (it is scratch there), at once.
+    write_file(ws, "a/c/1/0.5678.partial", chunk(6))
+    meta = json.loads((source / "a" / "zarr.json").read_text())
+    meta["shape"] = [4, 16]
+    (source / "a" / "zarr.json").write_text(json.dumps(meta))
+    ws.rename(parent, "0.5678.partial", parent, "0", noreplace=False)
+    renamed = ws.overlay.entry("a/c/1/0")
+    assert isinstance(renamed, Buffered) and renamed.kind is Kind.SCRATCH
+
+
+def test_a_file_written_whole_keeps_the_bytes_it_was_written_with(source: Path) -> None:
+    """The bytes of a new file written in one request are kept as they came, not copied
+    (a copy and its page faults were half the cost of a chunk's write request); later
+    writes and truncations then change a copy, never those bytes."""
+    ws = workspace(source)
+    node, _, handle = ws.create(ws.resolve("a/c/0"), "1.1234.partial")
+    data = chunk(7)
+    ws.write(handle, 0, data)
+    taken = handle.entry.blob.snapshot()
+    assert taken is not None and taken[1] is data
+    ws.write(handle, 4, b"\xff" * 4)
+    ws.truncate_open(handle, len(data) + 8)
+    assert data == chunk(7)
+    assert read(ws, node.path) == data[:4] + b"\xff" * 4 + data[8:] + bytes(8)
+    ws.release(handle)
 
 
 def test_a_rename_frees_the_copy_it_made_whatever_happens(source: Path) -> None:

@@ -18,12 +18,10 @@ mixed with old state.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from enum import Enum
 
@@ -116,21 +114,13 @@ class Presentation:
             return (*meta.docs, ZMETADATA)
         return meta.docs
 
-    @contextlib.contextmanager
-    def snapshot(self) -> Iterator[None]:
-        """Within this block (on this thread), each metadata document is stat'ed once:
-        a lookup or a stat sees one version of every node on its path, and does not ask
-        the source again at each step. For calls that change nothing: one that stores a
-        document must not see the version from before it. Nested blocks share the outer
-        one's snapshot."""
-        if getattr(self._snapshots, "docs", None) is not None:
-            yield
-            return
-        self._snapshots.docs = {}
-        try:
-            yield
-        finally:
-            self._snapshots.docs = None
+    def snapshot(self) -> _Snapshot:
+        """Within this block (on this thread), each metadata document is stat'ed once and
+        its view looked up once: a lookup or a stat sees one version of every node on its
+        path, and does not ask the source (or the metadata cache) again at each step. For
+        calls that change nothing: one that stores a document must not see the version
+        from before it. Nested blocks share the outer one's snapshot."""
+        return _Snapshot(self._snapshots)
 
     def _find(self, key: str) -> NodeDoc | None:
         docs: dict[str, NodeDoc | None] | None = getattr(self._snapshots, "docs", None)
@@ -142,11 +132,16 @@ class Presentation:
 
     def meta_at(self, key: str) -> NodeView | None:
         """The array or group at view directory `key` whose view differs from the source."""
+        views: dict[str, NodeView | None] | None = getattr(self._snapshots, "views", None)
+        if views is not None and key in views:
+            return views[key]
         doc = self._find(key)
-        if doc is None:
-            return None
-        view = self.nodes.get((key, doc.version), lambda: self._load_meta(key, doc))
-        assert view is None or isinstance(view, ArrayView | GroupView)
+        view = None
+        if doc is not None:
+            view = self.nodes.get((key, doc.version), lambda: self._load_meta(key, doc))
+            assert view is None or isinstance(view, ArrayView | GroupView)
+        if views is not None:
+            views[key] = view
         return view
 
     def _load_meta(self, key: str, doc: NodeDoc) -> NodeView | None:
@@ -530,6 +525,26 @@ class Presentation:
         path = join(parent, entry.name)
         node = self.dir_node(path) if entry.stat.is_dir else Node(path, Role.FILE)
         return entry.name, node, Attr.of(entry.stat)
+
+
+class _Snapshot:
+    """`Presentation.snapshot`: a plain class, as it is entered several times per request
+    (a generator-based context manager costs a few µs each time)."""
+
+    __slots__ = ("_local", "_outer")
+
+    def __init__(self, local: threading.local) -> None:
+        self._local = local
+        self._outer = False
+
+    def __enter__(self) -> None:
+        self._outer = getattr(self._local, "docs", None) is None
+        if self._outer:
+            self._local.docs, self._local.views = {}, {}
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer:
+            self._local.docs = self._local.views = None
 
 
 def _metadata_cost(value: NodeView | dict[str, int] | int | None) -> int:

@@ -186,13 +186,15 @@ class Workspace(MergedView):
     ) -> tuple[Node, Node, bool]:
         """Move a file; returns the nodes it was and is, and whether it replaced a file."""
         with self._locked():
-            node = self.lookup(parent, name)
-            if node.is_dir:
-                raise CannotMove(f"{node.path}: directories cannot be renamed in the view")
-            target, kind, shard = self.classifier.classify(new_parent, new_name, writing=True)
-            if target.path == node.path:
-                return node, node, False
-            replacing = self._check_target(new_parent, new_name, replace=not noreplace)
+            # Resolving both names reads only: one version of each metadata document.
+            with self.ns.presentation.snapshot():
+                node = self.lookup(parent, name)
+                if node.is_dir:
+                    raise CannotMove(f"{node.path}: directories cannot be renamed in the view")
+                target, kind, shard = self.classifier.classify(new_parent, new_name, writing=True)
+                if target.path == node.path:
+                    return node, node, False
+                replacing = self._check_target(new_parent, new_name, replace=not noreplace)
             pinned = self.overlay.pin(node.path)
             copy = None  # of a file of the source: freed unless it takes the target's place
             try:
