@@ -71,7 +71,7 @@ class ChunkKeyEncoding:
             return () if key == "0" else None
         if len(parts) != ndim:
             return None
-        coords = tuple(parse_index(p) for p in parts)
+        coords = tuple(map(parse_index, parts))
         return None if None in coords else coords  # type: ignore[return-value]
 
     def dir_depth(self, parts: Sequence[str], ndim: int) -> tuple[int, ...] | None:

@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -118,6 +118,8 @@ class DraftChunkKeys:
     """
 
     separator: str
+    #: as `ChunkKeyEncoding.name`: with the separator, what tells encodings apart
+    name: ClassVar[str] = "draft"
 
     def encode(self, coords: Sequence[int]) -> str:
         """The key of the chunk at `coords`."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -119,16 +120,20 @@ class ShardedLayout:
         """Number of shards along each axis."""
         return tuple(-(-n // s) for n, s in zip(self.shape, self.shard_shape, strict=True))
 
+    # These two run on every lookup and read of a chunk: `map` over C functions, where
+    # generator expressions cost a Python frame resumed per axis.
     def shard_of(self, chunk: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(shard coordinates, chunk coordinates within that shard) of a view chunk."""
         cps = self.chunks_per_shard
-        return (
-            tuple(c // n for c, n in zip(chunk, cps, strict=True)),
-            tuple(c % n for c, n in zip(chunk, cps, strict=True)),
-        )
+        if len(chunk) != len(cps):
+            raise ValueError(f"chunk {tuple(chunk)} has not {len(cps)} coordinates")
+        return tuple(map(operator.floordiv, chunk, cps)), tuple(map(operator.mod, chunk, cps))
 
     def in_bounds(self, chunk: Sequence[int]) -> bool:
-        return all(0 <= c < g for c, g in zip(chunk, self.grid, strict=True))
+        grid = self.grid
+        if len(chunk) != len(grid):
+            raise ValueError(f"chunk {tuple(chunk)} has not {len(grid)} coordinates")
+        return min(chunk, default=0) >= 0 and all(map(operator.lt, chunk, grid))
 
 
 def transpose_order(config: dict[str, Any], ndim: int) -> tuple[int, ...]:

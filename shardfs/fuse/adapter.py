@@ -368,8 +368,7 @@ class Operations(pyfuse3.Operations):
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = ino
         entry.generation = 0
-        entry.entry_timeout = self.config.cache_timeout
-        entry.attr_timeout = self.config.cache_timeout
+        entry.entry_timeout = entry.attr_timeout = self.config.cache_timeout
         if attr.is_dir:
             entry.st_mode = stat.S_IFDIR | (0o555 if self.config.read_only else 0o755)
             entry.st_nlink = 2

@@ -275,18 +275,11 @@ class Storage(ABC):
         finally:
             _thread.overlay = previous
 
-    @contextlib.contextmanager
-    def recording(self) -> Iterator[dict[str, Stat | None]]:
+    def recording(self) -> _Recording:
         """Within this block (on this thread), every object stated or listed is noted in
         the dict it gives, with its version as first seen: what a result computed in
         the block was made from (see `as_of`)."""
-        previous = getattr(_thread, "seen", None)
-        seen: dict[str, Stat | None] = {}
-        _thread.seen = seen
-        try:
-            yield seen
-        finally:
-            _thread.seen = previous
+        return _Recording()
 
     def _kept(self, key: str, version: Hashable | None) -> Pin | None:
         overlay = getattr(_thread, "overlay", None)
@@ -409,3 +402,21 @@ def _as_seen(stats: Mapping[str, Stat | None], directory: str, entry: Entry) -> 
     if found is _UNSEEN:
         return entry
     return None if found is None else Entry(entry.name, found)  # type: ignore[arg-type]
+
+
+class _Recording:
+    """`Storage.recording`: a plain class, as every lookup, getattr and listing of a
+    kernel-served mount enters one (a generator-based context manager costs more)."""
+
+    __slots__ = ("_previous", "seen")
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Stat | None] = {}
+
+    def __enter__(self) -> dict[str, Stat | None]:
+        self._previous = getattr(_thread, "seen", None)
+        _thread.seen = self.seen
+        return self.seen
+
+    def __exit__(self, *exc: object) -> None:
+        _thread.seen = self._previous

@@ -184,11 +184,14 @@ class LocalStorage(Storage):
         return path
 
     def _stat(self, key: str) -> Stat | None:
-        if _is_private(key):
-            return None
+        path = self._paths.get(key)  # a key joined before was checked then
+        if path is None:
+            if _is_private(key):
+                return None
+            path = self._path(key)
         self.counts.add("stat")
         try:
-            st = os.lstat(self._path(key))  # symlinks are not part of the source
+            st = os.lstat(path)  # symlinks are not part of the source
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:

@@ -12,7 +12,7 @@ presents an array (v3 or v2): an `ArrayView` says how its chunks are named.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 
 import crc32c
 import numpy as np
@@ -54,12 +54,14 @@ class Shards:
         self.listings: LruCache[list[ChunkRun]] = LruCache(
             listing_cache, lambda runs: sum(run.cost for run in runs) + 256
         )
-        self._keys: dict[tuple[str, Hashable, tuple[int, ...]], str] = {}
+        self._keys: dict[tuple[str, str, str, tuple[int, ...]], str] = {}
 
     def key(self, array: ArrayView, shard: tuple[int, ...]) -> str:
         """The source key of a shard of `array` (or of a plain array's chunk object)."""
-        # Asked for on every lookup and read of a chunk, for the same few shards.
-        memo = (array.data, array.layout.keys, shard)
+        # Asked for on every lookup and read of a chunk, for the same few shards; by the
+        # encoding's name and separator, which hash in C (its dataclass hash runs Python).
+        keys = array.layout.keys
+        memo = (array.data, keys.name, keys.separator, shard)
         key = self._keys.get(memo)
         if key is None:
             key = join(array.data, array.layout.keys.encode(shard))

@@ -181,9 +181,13 @@ class KernelVersions:
         """Keep open the versions of the files in `stats` (the first `limit` of them), or
         refresh those kept. A pin that cannot be made (the file already changed) is left
         out: a read of it fails once, as for any version gone."""
-        files = (item for item in stats.items() if item[1] is not None and not item[1].is_dir)
-        for key, stat in itertools.islice(files, limit):
-            assert stat is not None
+        kept = 0
+        for key, stat in stats.items():
+            if stat is None or stat.is_dir:
+                continue
+            if kept == limit:
+                break
+            kept += 1
             with self._lock:
                 found = self._kept.pop((key, stat.version), None)
                 if found is not None:
@@ -216,10 +220,16 @@ class KernelVersions:
     def _expire(self, now: float) -> None:
         """Drop the oldest shows beyond the budgets, and those the kernel no longer holds."""
         deadline = now - self.lifetime
-        tables = (self._inodes, self._dirs)
-        while any(tables):
-            table = min((t for t in tables if t), key=lambda t: next(iter(t.values())).seq)
-            first = next(iter(table.values()))
+        inodes, dirs = self._inodes, self._dirs
+        while inodes or dirs:
+            # the older of the two tables' oldest shows
+            first_inode = next(iter(inodes.values())) if inodes else None
+            first_dir = next(iter(dirs.values())) if dirs else None
+            if first_dir is None or (first_inode is not None and first_inode.seq < first_dir.seq):
+                table, first = inodes, first_inode
+            else:
+                table, first = dirs, first_dir
+            assert first is not None
             over = len(table) > self._budget or self._held > self._stats_budget
             if not over and first.at > deadline:
                 break
