@@ -56,9 +56,11 @@ class ChunkKeyEncoding:
 
     def encode(self, coords: Sequence[int]) -> str:
         """The key of the chunk at `coords`, relative to the array."""
+        # (`map(str, ...)`: asked on every read of a chunk, by its inode)
+        separator = self.separator
         if self.name == "default":
-            return "c" + "".join(f"{self.separator}{i}" for i in coords)
-        return self.separator.join(str(i) for i in coords) if coords else "0"
+            return "c" + separator + separator.join(map(str, coords)) if coords else "c"
+        return separator.join(map(str, coords)) if coords else "0"
 
     def decode(self, key: str, ndim: int) -> tuple[int, ...] | None:
         """The coordinates named by `key`, or None if it is not a chunk key."""

@@ -115,12 +115,14 @@ class KernelVersions:
     def latest(self, inode: int, directory: str) -> Shown | None:
         """The latest show of `inode` (which is an entry of `directory`), if still kept."""
         deadline = time.monotonic() - self.lifetime
-        found = [
-            shown
-            for shown in (self._inodes.get(inode), self._dirs.get(directory))
-            if shown is not None and shown.at > deadline
-        ]
-        return max(found, key=lambda s: s.seq) if found else None
+        own, listed = self._inodes.get(inode), self._dirs.get(directory)
+        if own is not None and own.at <= deadline:
+            own = None
+        if listed is not None and listed.at <= deadline:
+            listed = None
+        if own is None or listed is None:
+            return own or listed
+        return own if own.seq > listed.seq else listed
 
     def forget(self, inode: int) -> None:
         self._held -= len(getattr(self._inodes.pop(inode, None), "stats", ()))
