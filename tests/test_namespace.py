@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Hashable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -325,19 +326,16 @@ def test_lookups_in_a_chunk_directory_seen_before_answer_as_a_fresh_view_does(
     answers, for every kind of name, also after the array is rewritten behind it."""
     root = tmp_path / "src"
     group = zarr.open_group(root, mode="w")
-    nested = group.create_array(
-        "nested", shape=(8, 12), dtype="uint8", shards=(4, 4), chunks=(2, 2)
+    v2_keys = {"name": "v2", "separator": "."}
+
+    def write(name: str, region: Any, value: int, **layout: Any) -> None:
+        group.create_array(name, dtype="uint8", overwrite=True, **layout)[region] = value
+
+    # nested: chunks (0, 0..2) written, the rest empty
+    write("nested", np.s_[:2, :6], 7, shape=(8, 12), shards=(4, 4), chunks=(2, 2))
+    write(
+        "flat", np.s_[:3], 1, shape=(6, 6), shards=(6, 6), chunks=(3, 3), chunk_key_encoding=v2_keys
     )
-    nested[:2, :6] = 7  # chunks (0, 0..2) written, the rest empty
-    flat = group.create_array(
-        "flat",
-        shape=(6, 6),
-        dtype="uint8",
-        shards=(6, 6),
-        chunks=(3, 3),
-        chunk_key_encoding={"name": "v2", "separator": "."},
-    )
-    flat[:3] = 1
     (root / "flat" / "README.txt").write_text("not a chunk")
     names = ["0", "1", "2", "3", "5", "6", "01", "-1", "x", "", "zarr.json", ".zarray"]
     names += ["0.0", "0.1", "1.1", "2.0", "00.0", "0.0.0", "README.txt", "c"]
@@ -358,15 +356,14 @@ def test_lookups_in_a_chunk_directory_seen_before_answer_as_a_fresh_view_does(
     compare()
     # Rewritten with other chunks and another key encoding: the directories the primed
     # view remembers now hold other chunks, or none.
-    nested = group.create_array(
+    write(
         "nested",
+        np.s_[:],
+        3,
         shape=(8, 12),
-        dtype="uint8",
         shards=(8, 12),
         chunks=(4, 6),
-        chunk_key_encoding={"name": "v2", "separator": "."},
-        overwrite=True,
+        chunk_key_encoding=v2_keys,
     )
-    nested[:] = 3
-    group.create_array("flat", shape=(6, 6), dtype="uint8", chunks=(3, 3), overwrite=True)[:] = 2
+    write("flat", np.s_[:], 2, shape=(6, 6), chunks=(3, 3))
     compare()
