@@ -89,9 +89,9 @@ class Namespace(SourceView):
         self.shards = Shards(storage, index_cache, listing_cache)
         #: Chunks fetched ahead of their reads (only on stores with costly requests).
         self.read_ahead = ReadAhead(storage, read_cache)
-        #: By the path of a directory holding chunk files: its array as last looked up in,
+        #: By the path of a directory a chunk file was found in: its array's directory,
         #: and the chunk key parts the directory fixes (see `_chunk_entry`)
-        self._leaves: dict[str, tuple[ArrayView, str]] = {}
+        self._leaves: dict[str, tuple[str, str]] = {}
 
     def digest_source(self, node: Node) -> Namespace | None:
         return self if node.role is Role.CHUNK else None
@@ -131,21 +131,23 @@ class Namespace(SourceView):
         if len(self._leaves) >= LEAVES_KEPT:
             self._leaves.clear()
         parts = node.path[len(node.array.key) :].lstrip("/").rpartition("/")[0]
-        self._leaves[parent.path] = (node.array, f"{parts}/" if parts else "")
+        self._leaves[parent.path] = (node.array.key, f"{parts}/" if parts else "")
         return node, attr
 
     def _chunk_entry(self, parent: Node, name: str) -> tuple[Node, Attr] | None:
-        """The entry of chunk `name` in a directory a chunk was found in before, if its
-        array's stored document is still the version it was then: the one stat of it that
-        freshness needs, the name decoded and the chunk located, with none of the steps
-        that find out what the directory is (most of a lookup's cost, once per chunk file
-        of a cold read). None where that cannot be vouched for: `entry` finds out."""
+        """The entry of chunk `name` in a directory a chunk was found in before, if the
+        metadata cache holds the array of its stored document's version: the one stat of
+        it that freshness needs, the name decoded and the chunk located, with none of the
+        steps that find out what the directory is (most of a lookup's cost, once per chunk
+        file of a cold read). None where that cannot be vouched for: `entry` finds out."""
         known = self._leaves.get(parent.path)
         if known is None:
             return None
-        array, parts = known
-        doc = self.tree.find(array.key)
-        if doc is None or doc.version != array.version:
+        key, parts = known
+        doc = self.tree.find(key)
+        # the array as the metadata cache holds it (the one budget for views)
+        array = self.presentation.nodes.peek((key, doc.version)) if doc is not None else None
+        if not isinstance(array, ArrayView):
             return None
         # A name that decodes is a chunk key, also in the array's own directory: no
         # document's name does, and the key space owns whatever decodes.
