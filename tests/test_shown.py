@@ -10,6 +10,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,8 +21,9 @@ from shardfs.primitives.errors import SourceChanged
 from shardfs.storage import LocalStorage
 from shardfs.storage.base import Stat
 from shardfs.view import Namespace
+from shardfs.view import shown as shown_module
 from shardfs.view.nodes import Extent
-from shardfs.view.shown import READ_AHEAD, KernelVersions, Shown
+from shardfs.view.shown import READ_AHEAD, TIDY_EVERY, KernelVersions, Shown
 
 
 def replace(path: Path, data: bytes) -> None:
@@ -196,3 +198,39 @@ def test_shows_are_dropped_beyond_the_versions_they_may_hold(tmp_path: Path) -> 
     second = versions.show({f"b/{i}": None for i in range(6)}, directory="b")
     assert versions.latest(9, "a") is None  # 6 + 1 + 6 > 10: the oldest went
     assert versions.latest(3, "") is not None and versions.latest(9, "b") is second
+
+
+def test_versions_past_their_lifetime_are_let_go_by_a_later_show(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shows and kept versions past their lifetime are looked for at most every
+    TIDY_EVERY seconds, not at every show: they still go, descriptors closed."""
+    clock = [1000.0]
+    monkeypatch.setattr(shown_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    for name in "fg":
+        (tmp_path / name).write_bytes(name.encode())
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=10)
+
+    def open_files() -> set[str]:
+        names = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                link = os.readlink(f"/proc/self/fd/{fd}")
+            except FileNotFoundError:
+                continue  # the listing's own descriptor, closed by now
+            if link.startswith(str(tmp_path)):
+                names.add(Path(link).name)
+        return names
+
+    def show(name: str, inode: int) -> None:
+        with storage.recording() as seen:
+            storage.stat(name)
+        versions.show(seen, inode=inode)
+
+    show("f", 1)
+    assert open_files() == {"f"}
+    clock[0] += versions.lifetime + TIDY_EVERY
+    show("g", 2)
+    assert open_files() == {"g"}
+    assert versions.latest(1, "") is None and versions.latest(2, "") is not None

@@ -25,6 +25,8 @@ from shardfs.view.base import latest, verified
 from shardfs.view.hierarchy import join
 from shardfs.view.nodes import ArrayView, Attr, ChunkRun, Node, Role, ShardTable
 
+#: `EMPTY` as a Python int, for comparing with entries read out with `tolist`
+EMPTY_NBYTES = int(EMPTY)
 #: Shard keys kept encoded (see `Shards.key`); all are dropped when full.
 SHARD_KEYS_KEPT = 4096
 
@@ -79,10 +81,11 @@ class Shards:
         table = self.table(array, shard)
         if table is None:
             raise MissingChunk(array.names.encode(coords))
-        offset, nbytes = table.entries[local]
-        if nbytes == EMPTY:
+        # as Python ints at once: numpy scalars cost more to make and to compare
+        offset, nbytes = table.entries[local].tolist()
+        if nbytes == EMPTY_NBYTES:
             raise MissingChunk(array.names.encode(coords))
-        return self.key(array, shard), table, int(offset), int(nbytes)
+        return self.key(array, shard), table, offset, nbytes
 
     def table(
         self, array: ArrayView, shard: tuple[int, ...], listed: Stat | None = None

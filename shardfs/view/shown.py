@@ -37,6 +37,9 @@ from shardfs.view.nodes import Extent
 
 #: Seconds a show outlives the kernel's timeout, for requests already on their way.
 SLACK = 5.0
+#: Shows and kept versions past their lifetime are let go at most this often (those over
+#: a budget at once): looking at every show cost a few µs of every lookup.
+TIDY_EVERY = 1.0
 #: Shows kept per inode and per directory.
 SHOWS_KEPT = 65536
 #: Object versions the kept shows hold in all (about 100 bytes each): a listing of a
@@ -90,6 +93,7 @@ class KernelVersions:
         self._versions = versions
         self._lock = threading.Lock()
         self._seq = itertools.count()
+        self._tidy_at = 0.0
 
     def show(
         self,
@@ -108,8 +112,14 @@ class KernelVersions:
         self._held -= len(getattr(table.pop(where, None), "stats", ()))
         table[where] = shown
         self._held += len(stats)
-        self._expire(now)
+        tidy = now >= self._tidy_at
+        if tidy:
+            self._tidy_at = now + TIDY_EVERY
+        if tidy or len(table) > self._budget or self._held > self._stats_budget:
+            self._expire(now)
         self._keep(stats, now, None if directory is None else VERSIONS_PER_LISTING)
+        if tidy or len(self._kept) > self._versions:
+            self._drop_kept(now)
         return shown
 
     def latest(self, inode: int, directory: str) -> Shown | None:
@@ -204,7 +214,6 @@ class KernelVersions:
                 return  # the store keeps no versions: nothing to keep of any
             with self._lock:
                 self._kept[(key, stat.version)] = (pin, now)
-        self._drop_kept(now)
 
     def _drop_kept(self, now: float) -> None:
         deadline = now - self.lifetime
