@@ -10,11 +10,13 @@ its instruction count. This script reproduces that in-process: before every call
 sweeps a buffer of `--flush` KiB (0: no sweep, the caches stay warm), then calls the
 handler under trio and counts its thread CPU. It compares:
 
-  shardfs   `Operations` over a `Namespace` of the per-file data set, as a
-            kernel-served `-o ro` mount is (`per_file.py`'s data: 64-byte chunk
-            files in directories of 100): a LOOKUP then a READ of every chunk
-            file of the first `--dirs` directories, the first lookup of each
-            directory included;
+  shardfs   `Operations` over a `Namespace` of the source, as a kernel-served
+            `-o ro` mount is: a LOOKUP then a READ of every chunk file of the
+            first `--dirs` chunk directories `data/c/<i>/<j>` (100 files each),
+            the first lookup of each directory included. The source is
+            `per_file.py`'s data set (64-byte chunk files written by zarr-python
+            3) or, with --source, any array at `data` laid out so, such as the
+            DANDI layout of `scale.py --layout dandi` (written by tensorstore);
   floor     `floor.py`'s handlers (a dict-free integer lookup, the bytes from
             memory) for the same count of files, the least any handler costs;
 
@@ -22,10 +24,11 @@ for each sweep size given, the median of `--repeat` passes (each over fresh
 `Operations`), in µs per call, and shardfs / floor. Only the handlers are counted:
 no kernel, no request loop. No root needed.
 
-    .venv/bin/python benchmarks/handler_cost.py [--data DIR] [--dirs 20]
-        [--flush 0 8192] [--repeat 5]
+    .venv/bin/python benchmarks/handler_cost.py [--data DIR | --source SHARDED]
+        [--dirs 20] [--flush 0 8192] [--repeat 5]
 
---data is a per_file.py data directory (made, with 20,000 files, if it holds none).
+--data is a per_file.py data directory (made, with 20,000 files, if it holds none);
+--source a sharded store to read instead, e.g. bench-data/scale-dandi-10/sharded.zarr.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ async def shardfs_pass(source: Path, dirs: int, sweep: Sweep, timed: Timed) -> N
         for k in range(PER_DIR):
             entry = await sweep.timed(timed["lookup"], ops.lookup, parent, str(k).encode(), ctx)
             data = await sweep.timed(timed["read"], ops.read, entry.st_ino, 0, 131072)
-            assert len(data) == 64
+            assert len(data) == entry.st_size
 
 
 async def floor_pass(files: int, sweep: Sweep, timed: Timed) -> None:
@@ -101,18 +104,22 @@ async def floor_pass(files: int, sweep: Sweep, timed: Timed) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path)
+    parser.add_argument("--source", type=Path)
     parser.add_argument("--dirs", type=int, default=20)
     parser.add_argument("--flush", type=int, nargs="+", default=[0, 8192])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        dataset = Dataset(args.data or Path(scratch), 20000)
-        if not dataset.ready():
-            dataset.build()
+        source = args.source
+        if source is None:
+            dataset = Dataset(args.data or Path(scratch), 20000)
+            if not dataset.ready():
+                dataset.build()
+            source = dataset.source
         files = args.dirs * PER_DIR
         print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
         print(machine())
-        print(f"{files} chunk files of 64 bytes, a lookup and a read each; µs of thread CPU per")
+        print(f"{files} chunk files of {source}, a lookup and a read each; µs of thread CPU per")
         print(f"call, median of {args.repeat} passes (each pass: the mean over its calls)\n")
         print("| sweep before each call | handler | shardfs | floor | shardfs / floor |")
         print("|---|---|---:|---:|---:|")
@@ -123,7 +130,7 @@ def main() -> int:
                 for kind in ("shardfs", "floor"):
                     timed: Timed = {"lookup": [], "read": []}
                     if kind == "shardfs":
-                        trio.run(shardfs_pass, dataset.source, args.dirs, sweep, timed)
+                        trio.run(shardfs_pass, source, args.dirs, sweep, timed)
                     else:
                         trio.run(floor_pass, files, sweep, timed)
                     for handler, values in timed.items():
