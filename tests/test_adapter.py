@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat as stat_mod
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -282,3 +283,80 @@ def test_a_chunk_file_a_listing_showed_is_read_as_listed_with_no_reader(
 
     monkeypatch.setattr(ops, "_open_as_of", no_reader)
     assert run(lambda: ops.read(ino, 0, 4096)) == expected
+
+
+def _answer(ops: Operations, parent: str, name: str) -> object:
+    """What a kernel-served lookup of `name` answers, as a client and the inode table see
+    it: the node the inode resolves to, its attributes and its bytes; or the errno, or
+    "absent" for a negative entry."""
+
+    async def main() -> object:
+        try:
+            entry = await ops.lookup(await inode_of(ops, parent), name.encode(), None)  # type: ignore[arg-type]
+        except pyfuse3.FUSEError as e:
+            return e.errno
+        if entry.st_ino == 0:
+            return "absent"
+        node = ops.inodes.node(entry.st_ino)
+        if stat_mod.S_ISDIR(entry.st_mode):
+            return node.path, entry.st_mode
+        data = await ops.read(entry.st_ino, 0, 1 << 20)
+        return node.path, node.coords, entry.st_size, entry.st_mtime_ns, data
+
+    return run(main)
+
+
+def test_lookups_in_a_chunk_directory_looked_in_before_answer_as_a_fresh_mount_does(
+    source: Path,
+) -> None:
+    """Kernel-served: a lookup in a directory a chunk file was found in before takes the
+    prepared way (`shardfs.view.leaves`): inode number from the index, no node. It must
+    answer what a mount that never looked there answers, for every kind of name, also
+    after the arrays were rewritten behind it with other grids and key encodings."""
+    group = zarr.open_group(source, mode="r+")
+    flat = group.create_array(
+        "flat", shape=(6, 6), dtype="u1", chunks=(3, 3), shards=(6, 6), fill_value=0,
+        chunk_key_encoding={"name": "v2", "separator": "."}, compressors=None,
+    )  # fmt: skip
+    flat[:3] = 5  # chunks 0.0 and 0.1; 1.x empty
+    names = ["0", "1", "2", "3", "4", "01", "-1", "x", ".", "..", "zarr.json", "c"]
+    names += ["0.0", "0.1", "1.0", "2.0", "00.0", "0.0.0"]
+    parents = ["image/c/0", "image/c/2", "image/c/3", "image/c/9", "flat"]
+    primed = operations(source, kernel_served=True)
+
+    def compare() -> None:
+        for parent in parents:
+            for first in ["0", "0.0"]:  # a chunk found there first, if either names one
+                _answer(primed, parent, first)
+            for name in names:
+                expected = _answer(operations(source, kernel_served=True), parent, name)
+                assert _answer(primed, parent, name) == expected, (parent, name)
+
+    compare()
+    assert primed._leaves  # the prepared way was taken
+    image = zarr.open_array(source / "image", mode="r")[:]
+    group.create_array(
+        "image", shape=(32, 40), dtype="u2", chunks=(4, 8), shards=(8, 40), fill_value=0,
+        compressors=None, overwrite=True,
+    )[:, :32] = image  # fmt: skip
+    group.create_array(
+        "flat", shape=(6, 6), dtype="u1", chunks=(2, 3), shards=(6, 6), fill_value=0,
+        compressors=None, overwrite=True,
+    )[:] = 9  # fmt: skip
+    compare()
+
+
+def test_a_chunk_file_listed_after_its_lookup_is_read_as_listed(
+    source: Path, replies: Callable[[int], Replies]
+) -> None:
+    """Kernel-served: a read goes by the latest show of its file. One found by a lookup,
+    then listed again after zarr-python replaced its shard, is read as the listing
+    showed it (its own show, which a read finds without the file's node, is older)."""
+    ops = operations(source, kernel_served=True)
+    ino = run(lambda: inode_of(ops, "image/c/0/1"))
+    image = zarr.open_array(source / "image", mode="r+")
+    image[0:16, 0:16] = 7  # a new shard c/0/0, renamed over the one looked up
+    recorder = replies(1000)
+    assert read_dir(ops, recorder, run(lambda: inode_of(ops, "image/c/0"))) == ["0", "1", "2", "3"]
+    assert recorder.inos[recorder.names.index("1")] == ino
+    assert run(lambda: ops.read(ino, 0, 4096)) == np.full(64, 7, "u2").tobytes()

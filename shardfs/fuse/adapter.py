@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import stat
+import sys
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable
@@ -50,12 +51,15 @@ from shardfs.primitives.errors import (
     Unimplemented,
 )
 from shardfs.storage.base import Stat
-from shardfs.view import Attr, Node
+from shardfs.view import Attr, Node, Role
 from shardfs.view.interface import Opened, OpenFile, ViewInterface, Writes
+from shardfs.view.leaves import DIRECTORIES_KEPT, ChunkDirectory
 from shardfs.view.nodes import ChunkRun, Extent, Listing
 from shardfs.view.shown import KernelVersions, Shown
 
 log = logging.getLogger("shardfs")
+#: How `os.fsdecode` decodes a name
+_FS_ENCODING = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -323,6 +327,9 @@ class Operations(pyfuse3.Operations):
         self._listed: _ByInode[str, tuple[Shown, Listing]] = _ByInode(
             INODE_LISTINGS, lambda *_: None
         )
+        #: By inode, the chunk directories looked in (see `lookup`), with the inode number of
+        #: their array's first chunk
+        self._leaves: dict[int, tuple[ChunkDirectory, int]] = {}
         self._digests: ChunkDigests | None = None
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -437,8 +444,19 @@ class Operations(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
+        text = name.decode(*_FS_ENCODING)  # as os.fsdecode, with no Python frame
+        leaf = self._leaves.get(parent_inode)
+        if leaf is not None:
+            # A directory of chunk files looked in before (kernel-served mounts): the
+            # chunk's inode number from its index, none of the layers (`view.leaves`).
+            try:
+                found = await self._run(leaf[0].entry, text)
+            except MissingChunk:
+                return self._absent()
+            if found is not None:
+                ino = leaf[1] + found[2]
+                return self._entry(ino, self._shown(ino, found[3], found[4]))
         parent = self._node(parent_inode)
-        text = os.fsdecode(name)
         if text == ".":
             node, attr = parent, await self._run(self.view.attr, parent)
         elif text == "..":
@@ -449,8 +467,22 @@ class Operations(pyfuse3.Operations):
                 (node, attr), seen = await self._recorded(self.view.entry, parent, text)
             except MissingChunk:
                 return self._absent()
+            if seen is not None and node.role is Role.CHUNK:
+                self._prepared(parent_inode, parent, node)
             return self._reply(node, attr, seen)
         return self._reply(node, attr)
+
+    def _prepared(self, parent_inode: int, parent: Node, chunk: Node) -> None:
+        """Keep the directory a chunk file was just found in prepared, if its view did, for
+        the lookups of its other chunk files (kernel-served mounts: no chunk renamed)."""
+        leaf = self.view.chunk_directory(parent.path)
+        if leaf is None or leaf.array_key != chunk.array.key:
+            return
+        base = self.inodes.chunk_base(chunk.array)
+        if base is not None:
+            if len(self._leaves) >= DIRECTORIES_KEPT:
+                self._leaves.clear()
+            self._leaves[parent_inode] = (leaf, base)
 
     def _absent(self) -> pyfuse3.EntryAttributes:
         """A negative entry: the kernel remembers that the name does not exist for as
@@ -665,10 +697,15 @@ class Operations(pyfuse3.Operations):
         assert self.versions is not None
         live = self._readers.get(inode)
         if live is None:
-            node = self._node(inode)
-            directory = node.path.rpartition("/")[0]
-            shown = self.versions.latest(inode, directory)
-            extent = self._extent(node, directory, shown)
+            node = None
+            shown = self.versions.own(inode)  # the common case, known without the node
+            if shown is not None:
+                extent = shown.extent
+            else:
+                node = self._node(inode)
+                directory = node.path.rpartition("/")[0]
+                shown = self.versions.latest(inode, directory)
+                extent = self._extent(node, directory, shown)
             if extent is not None and off + size >= extent.length:
                 # A read to the end of a file its show located: from the kept version
                 # at once, with no reader (no pass to keep going, see `_shown`).
@@ -677,6 +714,7 @@ class Operations(pyfuse3.Operations):
                 data = await self._run(self.versions.read_kept, extent, off, size)
                 if data is not None:
                     return data
+            node = node or self._node(inode)
             try:
                 live = await self._run(self._open_as_of, node, shown)
             except ShardfsError as e:

@@ -88,6 +88,13 @@ class InodeTable:
             index = index * size + coord  # C order, as np.ravel_multi_index (slow for one)
         return (slot + 1) << SHIFT | index
 
+    def chunk_base(self, array: ArrayView) -> int | None:
+        """What the inode number of a chunk of `array` is, less its index in the grid (C
+        order); None if its chunks need entries. Only while no derived number is claimed:
+        on mounts whose chunk files are never renamed or unlinked (read-only ones)."""
+        slot = self._slot(array)
+        return None if slot is None or self._claimed else (slot + 1) << SHIFT
+
     def run_inodes(self, run: ChunkRun, start: int, stop: int) -> list[int] | None:
         """The inode numbers of chunks [start, stop) of a run, or None if they need entries
         (see `assign`)."""

@@ -62,19 +62,18 @@ def _is_private(key: str) -> bool:
 
 def _stat_of(st: os.stat_result) -> Stat:
     is_dir = stat_mod.S_ISDIR(st.st_mode)
-    return Stat(
-        is_dir=is_dir,
-        size=0 if is_dir else st.st_size,
-        mtime_ns=st.st_mtime_ns,
-        version=(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns),
-    )
+    return Stat(is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, _version(st))
+
+
+def _version(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _same_content(st: os.stat_result, stat: Stat) -> bool:
     """Whether the file `st` describes still holds the bytes of version `stat`. An inode
     unlinked or renamed over gets a new ctime but keeps its bytes, and nobody can open it
     by name any more to change them."""
-    version = _stat_of(st).version
+    version = _version(st)
     return version == stat.version or (st.st_nlink == 0 and version[:4] == stat.version[:4])
 
 
@@ -103,7 +102,9 @@ class _FilePin(Pin):
             raise SourceChanged(f"{storage.describe(key)} was replaced")
         self._fd = fd
 
-    def _pread(self, offset: int, length: int, grown_ok: bool) -> bytes:
+    def read(self, offset: int, length: int, grown_ok: bool = False) -> bytes:
+        """`Pin.read`; `grown_ok`: also while the file has grown past the range since (an
+        append, which leaves the bytes before it as they were)."""
         try:
             if may_block():
                 data = os.pread(self._fd, length, offset)
@@ -126,14 +127,11 @@ class _FilePin(Pin):
             )
         return data
 
-    def read(self, offset: int, length: int) -> bytes:
-        return self._pread(offset, length, grown_ok=False)
-
     def read_prefix(self, offset: int, length: int) -> bytes:
-        return self._pread(offset, length, grown_ok=True)
+        return self.read(offset, length, grown_ok=True)
 
     def read_tail(self, length: int) -> bytes:
-        return self._pread(self.stat.size - length, length, grown_ok=True)
+        return self.read(self.stat.size - length, length, grown_ok=True)
 
     def current(self) -> Stat | None:
         return _stat_of(os.fstat(self._fd))

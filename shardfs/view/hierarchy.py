@@ -61,6 +61,12 @@ class Hierarchy(ABC):
     def find(self, path: str) -> NodeDoc | None:
         """The document of the node at view directory `path`, if there is a node."""
 
+    def document_key(self, path: str) -> str | None:
+        """The one key whose stat alone is the version of the document of a node at view
+        directory `path` (what `find` stats), where the layout has one; None where `find`
+        may look at several (see `DraftV3`)."""
+        return None
+
     def read(self, doc: NodeDoc) -> bytes | None:
         """The stored document `doc` (None if the node has none), exactly that version:
         SourceChanged if it has changed since."""
@@ -101,6 +107,9 @@ class ZarrV3(Hierarchy):
 
     def find(self, path: str) -> NodeDoc | None:
         return self._stored(join(path, METADATA))
+
+    def document_key(self, path: str) -> str | None:
+        return join(path, METADATA)
 
     def parse(self, raw: bytes | None) -> dict[str, Any]:
         return self.parse_spans(raw)[0]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from shardfs.storage.base import Storage
+    from shardfs.view.leaves import ChunkDirectory
     from shardfs.view.namespace import Namespace
     from shardfs.view.nodes import Attr, Listing, Node
 
@@ -73,6 +74,8 @@ class ViewInterface(Protocol):
     def entry(self, parent: Node, name: str) -> tuple[Node, Attr]: ...
 
     def attr(self, node: Node) -> Attr: ...
+
+    def chunk_directory(self, path: str) -> ChunkDirectory | None: ...
 
     def listing(self, node: Node) -> Listing: ...
 

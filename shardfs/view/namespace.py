@@ -37,6 +37,7 @@ from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Storage
 from shardfs.view.base import Chunk, Reader, SourceView, entry_path, stored_file
 from shardfs.view.hierarchy import Hierarchy, ZarrV3
+from shardfs.view.leaves import DIRECTORIES_KEPT, ChunkDirectory
 from shardfs.view.nodes import (
     ArrayView,
     Attr,
@@ -52,10 +53,6 @@ from shardfs.view.readahead import ReadAhead
 from shardfs.view.shards import Shards, listed
 
 log = logging.getLogger("shardfs")
-
-#: Chunk directories whose array a lookup remembers (see `Namespace._chunk_entry`); all
-#: are dropped when full.
-LEAVES_KEPT = 4096
 
 
 class Namespace(SourceView):
@@ -89,9 +86,8 @@ class Namespace(SourceView):
         self.shards = Shards(storage, index_cache, listing_cache)
         #: Chunks fetched ahead of their reads (only on stores with costly requests).
         self.read_ahead = ReadAhead(storage, read_cache)
-        #: By the path of a directory a chunk file was found in: its array's directory,
-        #: and the chunk key parts the directory fixes (see `_chunk_entry`)
-        self._leaves: dict[str, tuple[str, str]] = {}
+        #: By path, the directories chunk files were found in, prepared for lookups
+        self._leaves: dict[str, ChunkDirectory] = {}
 
     def digest_source(self, node: Node) -> Namespace | None:
         return self if node.role is Role.CHUNK else None
@@ -120,42 +116,35 @@ class Namespace(SourceView):
     def entry(self, parent: Node, name: str) -> tuple[Node, Attr]:
         """`lookup` and `attr` in one step. A chunk's attributes come from the index that
         finds it: one stat of its metadata and of its shard, not two."""
-        found = self._chunk_entry(parent, name)
+        leaf = self._leaves.get(parent.path)
+        found = leaf.entry(name) if leaf is not None else None
         if found is not None:
-            return found
+            array, coords, _, attr, _ = found
+            return Node(entry_path(parent, name), Role.CHUNK, array, coords), attr
         with self.presentation.snapshot():
             node = self._lookup(parent, name)
             if node.role is not Role.CHUNK:
                 return node, self.attr(node)
             attr = self._chunk_attr(node.array, node.coords)
-        if len(self._leaves) >= LEAVES_KEPT:
-            self._leaves.clear()
-        parts = node.path[len(node.array.key) :].lstrip("/").rpartition("/")[0]
-        self._leaves[parent.path] = (node.array.key, f"{parts}/" if parts else "")
+        self._learn(parent.path, node.array, node.path)
         return node, attr
 
-    def _chunk_entry(self, parent: Node, name: str) -> tuple[Node, Attr] | None:
-        """The entry of chunk `name` in a directory a chunk was found in before, if the
-        metadata cache holds the array of its stored document's version: the one stat of
-        it that freshness needs, the name decoded and the chunk located, with none of the
-        steps that find out what the directory is (most of a lookup's cost, once per chunk
-        file of a cold read). None where that cannot be vouched for: `entry` finds out."""
-        known = self._leaves.get(parent.path)
-        if known is None:
-            return None
-        key, parts = known
-        doc = self.tree.find(key)
-        # the array as the metadata cache holds it (the one budget for views)
-        array = self.presentation.nodes.peek((key, doc.version)) if doc is not None else None
-        if not isinstance(array, ArrayView):
-            return None
-        # A name that decodes is a chunk key, also in the array's own directory: no
-        # document's name does, and the key space owns whatever decodes.
-        coords = array.names.decode(parts + name, array.layout.ndim)
-        if coords is None:
-            return None
-        node = Node(entry_path(parent, name), Role.CHUNK, array, coords)
-        return node, self._chunk_attr(array, coords)
+    def chunk_directory(self, path: str) -> ChunkDirectory | None:
+        return self._leaves.get(path)
+
+    def _learn(self, directory: str, array: ArrayView, chunk: str) -> None:
+        """Prepare `directory`, where `chunk` of `array` was just found, for the lookups of
+        its other chunk files (see `shardfs.view.leaves`), if its array's document has
+        a key of its own."""
+        if array.source is None or array.source != self.tree.document_key(array.key):
+            return
+        if len(self._leaves) >= DIRECTORIES_KEPT:
+            self._leaves.clear()
+        parts = chunk[len(array.key) :].lstrip("/").rpartition("/")[0]
+        self._leaves[directory] = ChunkDirectory(
+            self.storage.stat, self.shards, array, array.source, array.metadata,
+            f"{parts}/" if parts else "",
+        )  # fmt: skip
 
     def _lookup(self, parent: Node, name: str) -> Node:
         """The node `name` in `parent` names, with fresh metadata; a chunk not yet located."""

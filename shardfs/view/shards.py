@@ -106,8 +106,8 @@ class Shards:
             listed = listed or self.storage.stat(key)
             if listed is None or listed.is_dir:
                 return None
-            cached = self.indexes.peek((key, listed.version))
-            if cached is not None and cached.end == listed.size:
+            cached = self.cached_table(key, listed)
+            if cached is not None:
                 return cached
 
         def load(stat: Stat) -> ShardTable:
@@ -122,6 +122,12 @@ class Shards:
             return table
 
         return latest(self.storage, key, load, listed, "its index is read")
+
+    def cached_table(self, key: str, stat: Stat) -> ShardTable | None:
+        """The index of version `stat` of shard `key` if the cache holds it whole, without
+        loading it (a writer's `guard` must be passed first: see `table`)."""
+        cached = self.indexes.peek((key, stat.version))
+        return cached if cached is not None and cached.end == stat.size else None
 
     def next_shard(
         self, array: ArrayView, shard: tuple[int, ...], n: int

@@ -94,6 +94,8 @@ class KernelVersions:
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._tidy_at = 0.0
+        #: the seq of the latest listing's show (see `own`)
+        self._listed_seq = -1
 
     def show(
         self,
@@ -111,6 +113,8 @@ class KernelVersions:
         where = inode if directory is None else directory
         self._held -= len(getattr(table.pop(where, None), "stats", ()))
         table[where] = shown
+        if directory is not None:
+            self._listed_seq = shown.seq
         self._held += len(stats)
         tidy = now >= self._tidy_at
         if tidy:
@@ -133,6 +137,15 @@ class KernelVersions:
         if own is None or listed is None:
             return own or listed
         return own if own.seq > listed.seq else listed
+
+    def own(self, inode: int) -> Shown | None:
+        """The latest show of `inode` if it is the file's own (newer than any listing's),
+        still kept, and located the file's bytes: what a read to the end needs, found
+        without the file's node (`latest` needs its directory). None: ask `latest`."""
+        own = self._inodes.get(inode)
+        if own is None or own.extent is None or own.seq < self._listed_seq:
+            return None
+        return own if own.at > time.monotonic() - self.lifetime else None
 
     def forget(self, inode: int) -> None:
         self._held -= len(getattr(self._inodes.pop(inode, None), "stats", ()))
@@ -170,15 +183,19 @@ class KernelVersions:
             pin = found[0]
             if not may_block():
                 try:
-                    return _read_or_none(pin, extent.offset + offset, length)
+                    return pin.read(extent.offset + offset, length)
                 except WouldBlock:
                     # Not in the page cache: have the reads that follow find theirs
                     # there (readers of chunk files go through a shard in order).
                     pin.advise(extent.offset + offset, READ_AHEAD)
                     raise
+                except ShardfsError:
+                    return None
             pin = pin.clone()
         try:
-            return _read_or_none(pin, extent.offset + offset, length)
+            return pin.read(extent.offset + offset, length)
+        except ShardfsError:
+            return None
         finally:
             pin.close()
 
@@ -254,10 +271,3 @@ class KernelVersions:
             self._kept.clear()
         for pin in pins:
             pin.close()
-
-
-def _read_or_none(pin: Pin, offset: int, length: int) -> bytes | None:
-    try:
-        return pin.read(offset, length)
-    except ShardfsError:
-        return None

@@ -1,0 +1,167 @@
+"""Directories of chunk files, prepared for the lookups of a cold read (issue 33).
+
+A first read of an array looks up each of its chunk files once. Finding out
+what the directory is (its node, its array's metadata, the key parts it fixes)
+was most of such a lookup's cost, and the same for every file in the
+directory. A `ChunkDirectory` holds that answer as of one version of the
+array's stored document, so that a lookup there does what freshness needs and
+little more: one stat of that document, the name decoded, one stat of the
+shard and its index entry from the index cache.
+
+It needs no invalidation: the document's stat is the check, and whatever it
+cannot vouch for (another version, an index not in the cache, a name that is
+no chunk key, an array the metadata cache let go) is left to the long way
+(`Namespace.entry`), which makes a new one. In the daemon a handler costs
+about what it touches (see docs/design.md), so the common case, a directory
+whose chunk names are one integer each (`c/0/1/<k>`), is served from numbers
+worked out once here, with no call per axis.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+from shardfs.primitives.errors import MissingChunk
+from shardfs.storage.base import Stat
+from shardfs.view.nodes import ArrayView, Attr, Extent
+from shardfs.view.shards import EMPTY_NBYTES, Shards
+
+#: Prepared chunk directories a view (and a front end) keeps; all dropped when full.
+DIRECTORIES_KEPT = 4096
+#: Shard keys a directory keeps (see `ChunkDirectory._key`); all dropped when full.
+KEYS_KEPT = 1024
+
+#: What a lookup of a chunk file finds: its array, its coordinates, its index in the
+#: array's grid (C order: what its inode number is made from), its attributes, and the
+#: versions of the objects they come from (document, shard) in that order.
+Found = tuple[ArrayView, tuple[int, ...], int, Attr, dict[str, Stat | None]]
+
+
+class ChunkDirectory:
+    """The chunk files of one directory (`parts`: the key parts it fixes, "" or ending in
+    the separator) of `array`, whose stored document `doc_key` is at version `doc`.
+    Thread-safe: nothing in it changes but a memo."""
+
+    __slots__ = (
+        "_array",
+        "_as_stored",
+        "_base",
+        "_doc_key",
+        "_doc_version",
+        "_keys",
+        "_limit",
+        "_local",
+        "_parts",
+        "_per_shard",
+        "_prefix",
+        "_shard",
+        "_shards",
+        "_stat",
+        "array_key",
+    )
+
+    def __init__(
+        self, stat: Callable[[str], Stat | None], shards: Shards, array: ArrayView,
+        doc_key: str, doc: Stat, parts: str,
+    ) -> None:  # fmt: skip
+        self.array_key = array.key
+        #: weakly: the metadata cache owns the array's budget (see the module's docstring)
+        self._array = weakref.ref(array)
+        self._as_stored = array.served_as_stored
+        self._stat = stat
+        self._shards = shards
+        self._doc_key = doc_key
+        self._doc_version = doc.version
+        self._parts = parts
+        self._keys: dict[int, str] = {}
+        layout = array.layout
+        fixed = array.names.decode(parts + "0", layout.ndim) if layout.ndim else None
+        #: Where a name is one integer k (the last axis of a nested key space), chunk k is
+        #: `_prefix + (k,)`, in shard `_shard + (k // _per_shard,)` at entry `_local + (k %
+        #: _per_shard,)`, grid index `_base + k`, for k < `_limit`; elsewhere (`_limit`
+        #: None) names are decoded whole.
+        self._limit: int | None = None
+        self._prefix: tuple[int, ...] = ()
+        self._shard: tuple[int, ...] = ()
+        self._local: tuple[int, ...] = ()
+        self._per_shard = self._base = 1
+        if fixed is not None and array.names.separator == "/" and layout.levels:
+            prefix, grid, cps = fixed[:-1], layout.grid, layout.chunks_per_shard
+            self._limit = grid[-1] if layout.in_bounds(fixed) else 0
+            self._prefix = prefix
+            self._shard = tuple(c // n for c, n in zip(prefix, cps, strict=False))
+            self._local = tuple(c % n for c, n in zip(prefix, cps, strict=False))
+            self._per_shard = cps[-1]
+            self._base = _ravel(prefix, grid[:-1]) * grid[-1]
+
+    def entry(self, name: str) -> Found | None:
+        """The chunk file `name` (MissingChunk if the array has no such chunk), or None
+        where only the long way can tell (see the module's docstring)."""
+        array = self._array()
+        if array is None:
+            return None
+        doc = self._stat(self._doc_key)
+        if doc is None or doc.version != self._doc_version:
+            return None
+        shards = self._shards
+        limit = self._limit
+        if (
+            limit is not None
+            and name.isdigit()
+            and name.isascii()
+            and (name[0] != "0" or len(name) == 1)  # the canonical spelling, as `parse_index`
+            and shards.guard is None
+        ):
+            k = int(name)
+            if k >= limit:
+                raise MissingChunk(self._parts + name)
+            shard, local = divmod(k, self._per_shard)
+            key = self._keys.get(shard)
+            if key is None:
+                key = self._key(array, shard)
+            coords, local_at, index = (*self._prefix, k), (*self._local, local), self._base + k
+        else:
+            layout = array.layout
+            coords = array.names.decode(self._parts + name, layout.ndim)
+            if coords is None:
+                return None
+            if not layout.levels or shards.guard is not None:
+                key, table, offset, nbytes = shards.locate(array, coords)
+                attr = self._attr(array, key, table.stat, offset, nbytes)
+                index = _ravel(coords, layout.grid)
+                return array, coords, index, attr, {self._doc_key: doc, key: table.stat}
+            if not layout.in_bounds(coords):
+                raise MissingChunk(self._parts + name)
+            shard_at, local_at = layout.shard_of(coords)
+            key, index = shards.key(array, shard_at), _ravel(coords, layout.grid)
+        stat = self._stat(key)
+        if stat is None or stat.is_dir:
+            raise MissingChunk(self._parts + name)
+        table = shards.cached_table(key, stat)
+        if table is None:
+            return None
+        offset, nbytes = table.entries[local_at].tolist()
+        if nbytes == EMPTY_NBYTES:
+            raise MissingChunk(self._parts + name)
+        attr = self._attr(array, key, table.stat, offset, nbytes)
+        return array, coords, index, attr, {self._doc_key: doc, key: stat}
+
+    def _attr(self, array: ArrayView, key: str, stat: Stat, offset: int, nbytes: int) -> Attr:
+        if self._as_stored:
+            return Attr(False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes))
+        return Attr(False, array.served_size(nbytes), stat.mtime_ns)
+
+    def _key(self, array: ArrayView, shard: int) -> str:
+        if len(self._keys) >= KEYS_KEPT:
+            self._keys.clear()
+        key = self._keys[shard] = self._shards.key(array, (*self._shard, shard))
+        return key
+
+
+def _ravel(coords: tuple[int, ...], grid: tuple[int, ...]) -> int:
+    """The index of `coords` in `grid`, C order (as `np.ravel_multi_index`, slow for one)."""
+    index = 0
+    for coord, size in zip(coords, grid, strict=True):
+        index = index * size + coord
+    return index
