@@ -22,14 +22,14 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 import trio
 
 from shardfs.checksum.digests import ChunkDigests
 from shardfs.fuse.inodes import InodeTable
-from shardfs.primitives.blocking import WouldBlock, nonblocking
+from shardfs.primitives.blocking import WouldBlock, attempt
 from shardfs.primitives.errors import (
     AlreadyExists,
     AttributesFixed,
@@ -169,21 +169,21 @@ def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 
     @functools.wraps(handler)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        requests, errors = args[0].requests, args[0].errors  # type: ignore[attr-defined]
-        requests[name] += 1
-        if log.isEnabledFor(logging.DEBUG):
+        ops = args[0]
+        ops.requests[name] += 1  # type: ignore[attr-defined]
+        if ops.debug:  # type: ignore[attr-defined]
             log.debug("%s%r", name, args[1:])
         try:
             return await handler(*args, **kwargs)
         except ShardfsError as e:
             code = errno_for(e)
             if code != errno.ENOSYS:  # kernel-served mounts answer it on purpose
-                errors[errno.errorcode.get(code, str(code))] += 1
+                ops.errors[errno.errorcode.get(code, str(code))] += 1  # type: ignore[attr-defined]
             if code in (errno.EIO, errno.EINVAL) and not e.logged:
                 log.error("%s: %s", name, e)
             raise pyfuse3.FUSEError(code) from None
         except Exception:
-            errors["EIO"] += 1
+            ops.errors["EIO"] += 1  # type: ignore[attr-defined]
             log.exception("%s%r failed unexpectedly", name, args[1:])
             raise pyfuse3.FUSEError(errno.EIO) from None
 
@@ -222,34 +222,27 @@ class MountConfig:
         return self.timeout if self.read_only else 1.0
 
 
-class _ByInode(Generic[K, V]):
+class _ByInode(OrderedDict[K, V]):
     """Per-inode (or per-directory) state of a kernel-served mount (no open/opendir, so
-    no file handles): kept for the most recently used, `close` called on what is dropped."""
+    no file handles): kept for the most recently used, `close` called on what is dropped.
+    `get` is OrderedDict's own (in C: asked at every lookup) and does not count as a use;
+    `move_to_end` does."""
 
     def __init__(self, budget: int, close: Callable[[K, V], None]) -> None:
-        self._items: OrderedDict[K, V] = OrderedDict()
+        super().__init__()
         self._budget = budget
         self._close = close
 
-    def get(self, key: K) -> V | None:
-        item = self._items.get(key)
-        if item is not None:
-            self._items.move_to_end(key)
-        return item
-
     def put(self, key: K, item: V) -> None:
         self.drop(key)
-        self._items[key] = item
-        while len(self._items) > self._budget:
-            self._close(*self._items.popitem(last=False))
+        self[key] = item
+        while len(self) > self._budget:
+            self._close(*self.popitem(last=False))
 
     def drop(self, key: K) -> None:
-        item = self._items.pop(key, None)
+        item = self.pop(key, None)
         if item is not None:
             self._close(key, item)
-
-    def items(self) -> Iterable[tuple[K, V]]:
-        return self._items.items()
 
 
 @dataclass
@@ -300,6 +293,7 @@ class Operations(pyfuse3.Operations):
         self.writes = view.writes
         self.config = config
         self.inodes = InodeTable(view.root(), config.inodes)
+        self._timeout = config.cache_timeout  # (a property: asked at every entry)
         self._limiter = trio.CapacityLimiter(config.workers)
         self._handles: dict[int, OpenFile] = {}
         #: the inode of each open file, and the open files of each inode: a file that was
@@ -336,6 +330,8 @@ class Operations(pyfuse3.Operations):
         #: FUSE requests by handler, and error replies by errno, for `shardfs stats`
         self.requests: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
+        #: whether each request is logged (as configured when the mount starts)
+        self.debug = log.isEnabledFor(logging.DEBUG)
         self.started = time.time()
 
     def stats(self) -> dict[str, Any]:
@@ -352,8 +348,7 @@ class Operations(pyfuse3.Operations):
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a core call inline if it needs no waiting I/O, else in a worker thread."""
         try:
-            with nonblocking():
-                return fn(*args)
+            return attempt(fn, *args)
         except WouldBlock:
             return await self._thread(fn, *args)
 
@@ -375,7 +370,7 @@ class Operations(pyfuse3.Operations):
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = ino
         entry.generation = 0
-        entry.entry_timeout = entry.attr_timeout = self.config.cache_timeout
+        entry.entry_timeout = entry.attr_timeout = self._timeout
         if attr.is_dir:
             entry.st_mode = stat.S_IFDIR | (0o555 if self.config.read_only else 0o755)
             entry.st_nlink = 2
@@ -533,6 +528,8 @@ class Operations(pyfuse3.Operations):
         """The listing a kernel-served directory is read from: taken afresh when a read
         starts at 0, so offsets stay stable while the kernel reads on."""
         listing = self._dir_listings.get(inode) if start_id else None
+        if listing is not None:
+            self._dir_listings.move_to_end(inode)
         if listing is None:
             node = self._node(inode)
             listing, seen = await self._recorded(self.view.listing, node)
@@ -696,7 +693,9 @@ class Operations(pyfuse3.Operations):
         size, and the new version's bytes after the old one's."""
         assert self.versions is not None
         live = self._readers.get(inode)
-        if live is None:
+        if live is not None:
+            self._readers.move_to_end(inode)
+        else:
             node = None
             shown = self.versions.own(inode)  # the common case, known without the node
             if shown is not None:
@@ -738,6 +737,8 @@ class Operations(pyfuse3.Operations):
         if shown is None or shown.extent is not None:
             return None if shown is None else shown.extent
         listed = self._listed.get(directory)
+        if listed is not None:
+            self._listed.move_to_end(directory)
         if listed is None or listed[0] is not shown:
             return None
         return listed[1].extent(node)

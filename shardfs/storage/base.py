@@ -216,6 +216,21 @@ class Storage(ABC):
             seen.setdefault(key, stat)
         return stat
 
+    def version(self, key: str) -> Hashable | None:
+        """The version of the file at `key` (None: no file there): all a caller that holds
+        a `Stat` of it needs to know whether it still holds. Unlike `stat`, neither
+        recorded nor seen through `as_of`; see `noted`."""
+        stat = self._stat(key)
+        return None if stat is None or stat.is_dir else stat.version
+
+    def noted(self, stats: Mapping[str, Stat | None]) -> None:
+        """Record `stats` as `stat` records what it answers (see `recording`): for a caller
+        that learned them through `version`."""
+        seen = getattr(_thread, "seen", None)
+        if seen is not None:
+            for key, stat in stats.items():
+                seen.setdefault(key, stat)
+
     def list(self, key: str) -> list[Entry]:
         """The entries of directory `key`. Raises NotFound or NotADirectory."""
         entries = self._list(key)

@@ -182,6 +182,17 @@ class LocalStorage(Storage):
         return path
 
     def _stat(self, key: str) -> Stat | None:
+        st = self._lstat(key)
+        if st is None or not (stat_mod.S_ISDIR(st.st_mode) or stat_mod.S_ISREG(st.st_mode)):
+            return None
+        return _stat_of(st)
+
+    def version(self, key: str) -> Hashable | None:
+        st = self._lstat(key)
+        return _version(st) if st is not None and stat_mod.S_ISREG(st.st_mode) else None
+
+    def _lstat(self, key: str) -> os.stat_result | None:
+        """What is at `key` (None: nothing). Symlinks are not part of the source."""
         path = self._paths.get(key)  # a key joined before was checked then
         if path is None:
             if _is_private(key):
@@ -189,14 +200,11 @@ class LocalStorage(Storage):
             path = self._path(key)
         self.counts.add("stat")
         try:
-            st = os.lstat(path)  # symlinks are not part of the source
+            return os.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
             raise StorageError(f"{self.describe(key)}: {e.strerror}") from None
-        if not (stat_mod.S_ISDIR(st.st_mode) or stat_mod.S_ISREG(st.st_mode)):
-            return None
-        return _stat_of(st)
 
     def _list(self, key: str) -> list[Entry]:
         self.counts.add("list")

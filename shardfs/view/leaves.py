@@ -20,7 +20,7 @@ worked out once here, with no call per axis.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from shardfs.primitives.errors import MissingChunk
 from shardfs.storage.base import Stat
@@ -47,6 +47,7 @@ class ChunkDirectory:
         "_array",
         "_as_stored",
         "_base",
+        "_doc",
         "_doc_key",
         "_doc_version",
         "_keys",
@@ -57,21 +58,22 @@ class ChunkDirectory:
         "_prefix",
         "_shard",
         "_shards",
-        "_stat",
+        "_version",
         "array_key",
     )
 
     def __init__(
-        self, stat: Callable[[str], Stat | None], shards: Shards, array: ArrayView,
+        self, version: Callable[[str], Hashable | None], shards: Shards, array: ArrayView,
         doc_key: str, doc: Stat, parts: str,
     ) -> None:  # fmt: skip
         self.array_key = array.key
         #: weakly: the metadata cache owns the array's budget (see the module's docstring)
         self._array = weakref.ref(array)
         self._as_stored = array.served_as_stored
-        self._stat = stat
+        self._version = version
         self._shards = shards
         self._doc_key = doc_key
+        self._doc = doc
         self._doc_version = doc.version
         self._parts = parts
         self._keys: dict[int, str] = {}
@@ -101,8 +103,7 @@ class ChunkDirectory:
         array = self._array()
         if array is None:
             return None
-        doc = self._stat(self._doc_key)
-        if doc is None or doc.version != self._doc_version:
+        if self._version(self._doc_key) != self._doc_version:
             return None
         shards = self._shards
         limit = self._limit
@@ -130,22 +131,22 @@ class ChunkDirectory:
                 key, table, offset, nbytes = shards.locate(array, coords)
                 attr = self._attr(array, key, table.stat, offset, nbytes)
                 index = _ravel(coords, layout.grid)
-                return array, coords, index, attr, {self._doc_key: doc, key: table.stat}
+                return array, coords, index, attr, {self._doc_key: self._doc, key: table.stat}
             if not layout.in_bounds(coords):
                 raise MissingChunk(self._parts + name)
             shard_at, local_at = layout.shard_of(coords)
             key, index = shards.key(array, shard_at), _ravel(coords, layout.grid)
-        stat = self._stat(key)
-        if stat is None or stat.is_dir:
+        version = self._version(key)
+        if version is None:
             raise MissingChunk(self._parts + name)
-        table = shards.cached_table(key, stat)
+        table = shards.cached_table(key, version)
         if table is None:
             return None
         offset, nbytes = table.entries[local_at].tolist()
         if nbytes == EMPTY_NBYTES:
             raise MissingChunk(self._parts + name)
         attr = self._attr(array, key, table.stat, offset, nbytes)
-        return array, coords, index, attr, {self._doc_key: doc, key: stat}
+        return array, coords, index, attr, {self._doc_key: self._doc, key: table.stat}
 
     def _attr(self, array: ArrayView, key: str, stat: Stat, offset: int, nbytes: int) -> Attr:
         if self._as_stored:

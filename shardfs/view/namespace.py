@@ -119,7 +119,8 @@ class Namespace(SourceView):
         leaf = self._leaves.get(parent.path)
         found = leaf.entry(name) if leaf is not None else None
         if found is not None:
-            array, coords, _, attr, _ = found
+            array, coords, _, attr, seen = found
+            self.storage.noted(seen)
             return Node(entry_path(parent, name), Role.CHUNK, array, coords), attr
         with self.presentation.snapshot():
             node = self._lookup(parent, name)
@@ -142,7 +143,7 @@ class Namespace(SourceView):
             self._leaves.clear()
         parts = chunk[len(array.key) :].lstrip("/").rpartition("/")[0]
         self._leaves[directory] = ChunkDirectory(
-            self.storage.stat, self.shards, array, array.source, array.metadata,
+            self.storage.version, self.shards, array, array.source, array.metadata,
             f"{parts}/" if parts else "",
         )  # fmt: skip
 

@@ -12,7 +12,7 @@ presents an array (v3 or v2): an `ArrayView` says how its chunks are named.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import crc32c
 import numpy as np
@@ -106,7 +106,7 @@ class Shards:
             listed = listed or self.storage.stat(key)
             if listed is None or listed.is_dir:
                 return None
-            cached = self.cached_table(key, listed)
+            cached = self.cached_table(key, listed.version)
             if cached is not None:
                 return cached
 
@@ -123,11 +123,11 @@ class Shards:
 
         return latest(self.storage, key, load, listed, "its index is read")
 
-    def cached_table(self, key: str, stat: Stat) -> ShardTable | None:
-        """The index of version `stat` of shard `key` if the cache holds it whole, without
+    def cached_table(self, key: str, version: Hashable) -> ShardTable | None:
+        """The index of `version` of shard `key` if the cache holds it whole, without
         loading it (a writer's `guard` must be passed first: see `table`)."""
-        cached = self.indexes.peek((key, stat.version))
-        return cached if cached is not None and cached.end == stat.size else None
+        cached = self.indexes.peek((key, version))
+        return cached if cached is not None and cached.end == cached.stat.size else None
 
     def next_shard(
         self, array: ArrayView, shard: tuple[int, ...], n: int

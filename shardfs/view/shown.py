@@ -28,7 +28,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, field
 
 from shardfs.primitives.blocking import WouldBlock, may_block
 from shardfs.primitives.errors import ShardfsError
@@ -57,16 +56,23 @@ CHANGES_ASKED = 256
 VERSIONS_PER_LISTING = 64
 
 
-@dataclass(frozen=True, eq=False)
 class Shown:
-    """One show: the versions a file's attributes were computed from, in the order shown."""
+    """One show: the versions a file's attributes were computed from, in the order shown.
+    Never changed once made. A plain class: one is made at every lookup of a file, and a
+    frozen dataclass sets each field through `object.__setattr__`."""
 
-    seq: int
-    at: float
-    #: objects by key as they were (None: absent); empty for "as it is now"
-    stats: dict[str, Stat | None] = field(repr=False)
-    #: where the file's bytes are stored as served, if its show found that (see `read_kept`)
-    extent: Extent | None = None
+    __slots__ = ("at", "extent", "seq", "stats")
+
+    def __init__(
+        self, seq: int, at: float, stats: dict[str, Stat | None], extent: Extent | None = None
+    ) -> None:
+        self.seq = seq
+        self.at = at
+        #: objects by key as they were (None: absent); empty for "as it is now"
+        self.stats = stats
+        #: where the file's bytes are stored as served, if its show found that (see
+        #: `read_kept`)
+        self.extent = extent
 
 
 class KernelVersions:
