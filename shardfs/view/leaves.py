@@ -9,9 +9,10 @@ little more: one stat of that document, the name decoded, one stat of the
 shard and its index entry from the index cache.
 
 It needs no invalidation: the document's stat is the check, and whatever it
-cannot vouch for (another version, an index not in the cache, a name that is
-no chunk key, an array the metadata cache let go) is left to the long way
-(`Namespace.entry`), which makes a new one. In the daemon a handler costs
+cannot vouch for (another version, a name that is no chunk key, an array the
+metadata cache let go) is left to the long way (`Namespace.entry`), which
+makes a new one. A shard whose index is not in the cache is located as any
+lookup locates a chunk (`Shards.locate`, which reads the index). In the daemon a handler costs
 about what it touches (see docs/design.md), so the common case, a directory
 whose chunk names are one integer each (`c/0/1/<k>`), is served from numbers
 worked out once here, with no call per axis.
@@ -128,10 +129,7 @@ class ChunkDirectory:
             if coords is None:
                 return None
             if not layout.levels or shards.guard is not None:
-                key, table, offset, nbytes = shards.locate(array, coords)
-                attr = self._attr(array, key, table.stat, offset, nbytes)
-                index = _ravel(coords, layout.grid)
-                return array, coords, index, attr, {self._doc_key: self._doc, key: table.stat}
+                return self._located(array, coords, _ravel(coords, layout.grid))
             if not layout.in_bounds(coords):
                 raise MissingChunk(self._parts + name)
             shard_at, local_at = layout.shard_of(coords)
@@ -141,10 +139,17 @@ class ChunkDirectory:
             raise MissingChunk(self._parts + name)
         table = shards.cached_table(key, version)
         if table is None:
-            return None
+            return self._located(array, coords, index)
         offset, nbytes = table.entries[local_at].tolist()
         if nbytes == EMPTY_NBYTES:
             raise MissingChunk(self._parts + name)
+        attr = self._attr(array, key, table.stat, offset, nbytes)
+        return array, coords, index, attr, {self._doc_key: self._doc, key: table.stat}
+
+    def _located(self, array: ArrayView, coords: tuple[int, ...], index: int) -> Found:
+        """The chunk at `coords` located the way any lookup does (`Shards.locate`): where
+        its shard's index must be read first, or a writer's guard passed."""
+        key, table, offset, nbytes = self._shards.locate(array, coords)
         attr = self._attr(array, key, table.stat, offset, nbytes)
         return array, coords, index, attr, {self._doc_key: self._doc, key: table.stat}
 
