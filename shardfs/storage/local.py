@@ -115,7 +115,7 @@ class _FilePin(Pin):
             code = errno.errorcode.get(e.errno, "?")
             raise StorageError(f"{self.storage.describe(self.key)}: read failed ({code})") from None
         self.storage.counts.add("read", read=len(data))
-        if not _same_content(st, self.stat):
+        if _version(st) != self.stat.version and not _same_content(st, self.stat):
             # Checked after the read, so that a change during it is seen too.
             grown = st.st_size >= self.stat.size and offset + length <= self.stat.size
             if not (grown_ok and grown):

@@ -143,8 +143,12 @@ class ChunkDirectory:
         offset, nbytes = table.entries[local_at].tolist()
         if nbytes == EMPTY_NBYTES:
             raise MissingChunk(self._parts + name)
-        attr = self._attr(array, key, table.stat, offset, nbytes)
-        return array, coords, index, attr, {self._doc_key: self._doc, key: table.stat}
+        stat = table.stat
+        if self._as_stored:  # `_attr`, inline: a frame less per chunk file
+            attr = Attr(False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes))
+        else:
+            attr = self._attr(array, key, stat, offset, nbytes)
+        return array, coords, index, attr, {self._doc_key: self._doc, key: stat}
 
     def _located(self, array: ArrayView, coords: tuple[int, ...], index: int) -> Found:
         """The chunk at `coords` located the way any lookup does (`Shards.locate`): where

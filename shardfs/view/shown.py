@@ -44,7 +44,8 @@ SHOWS_KEPT = 65536
 #: Object versions the kept shows hold in all (about 100 bytes each): a listing of a
 #: directory of plain files holds one per file.
 STATS_KEPT = 1 << 18
-#: Versions kept open (each a descriptor), the least recently shown dropped first.
+#: Versions kept open (each a descriptor), the least recently shown (to within
+#: `TIDY_EVERY`) dropped first.
 VERSIONS_KEPT = 1024
 #: Bytes of a kept version the kernel is asked to read ahead from a read that found its
 #: own not in the page cache (see `read_kept`).
@@ -214,20 +215,27 @@ class KernelVersions:
 
     def _keep(self, stats: dict[str, Stat | None], now: float, limit: int | None) -> None:
         """Keep open the versions of the files in `stats` (the first `limit` of them), or
-        refresh those kept. A pin that cannot be made (the file already changed) is left
-        out: a read of it fails once, as for any version gone."""
-        kept = 0
-        for key, stat in stats.items():
-            if stat is None or stat.is_dir:
-                continue
-            if kept == limit:
-                break
-            kept += 1
-            with self._lock:
-                found = self._kept.pop((key, stat.version), None)
-                if found is not None:
-                    self._kept[(key, stat.version)] = (found[0], now)
+        refresh those kept: under one lock, and no more often than `TIDY_EVERY` each (a
+        kept version may so be let go that much before its show; see `SLACK`). A pin that
+        cannot be made (the file already changed) is left out: a read of it fails once,
+        as for any version gone."""
+        missing = []
+        files = 0
+        with self._lock:
+            kept = self._kept
+            for key, stat in stats.items():
+                if stat is None or stat.is_dir:
                     continue
+                if files == limit:
+                    break
+                files += 1
+                found = kept.get((key, stat.version))
+                if found is None:
+                    missing.append((key, stat))
+                elif now - found[1] >= TIDY_EVERY:
+                    kept.move_to_end((key, stat.version))
+                    kept[(key, stat.version)] = (found[0], now)
+        for key, stat in missing:
             try:
                 pin = self.storage.pin(key, stat)
             except ShardfsError:
