@@ -14,11 +14,12 @@ import contextlib
 import copy
 import errno
 import logging
+import operator
 import os
 import secrets
 import stat as stat_mod
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,8 +66,11 @@ def _stat_of(st: os.stat_result) -> Stat:
     return Stat(is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, _version(st))
 
 
-def _version(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+#: The version of a local file as its stat tells (its inode, size and times), taken on every
+#: lookup and read of a chunk: an `attrgetter`, which runs no Python frame.
+_version: Callable[[os.stat_result], tuple[int, int, int, int, int]] = operator.attrgetter(
+    "st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns"
+)
 
 
 def _same_content(st: os.stat_result, stat: Stat) -> bool:
