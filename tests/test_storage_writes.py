@@ -230,11 +230,36 @@ def test_private_area_is_invisible_and_made_only_by_writers(tmp_path: Path) -> N
     assert (tmp_path / ".shardfs/lock").exists()
     for key in (".shardfs", ".shardfs/lock", "./.shardfs/journal"):
         assert storage.stat(key) is None
+        assert storage.version(key) is None
         with pytest.raises(NotFound):
             storage.read(key, 0, 1)
     with pytest.raises(NotFound):
         storage.list(".shardfs")
     assert [e.name for e in storage.list("")] == ["f"]
+
+
+def test_a_version_is_a_files_stat_version_and_is_recorded_only_when_noted(
+    tmp_path: Path,
+) -> None:
+    """`Storage.version` (what a prepared chunk directory asks at every lookup) answers
+    what `stat` answers of a file, and None for anything else; it leaves recordings to
+    `noted`, so that its caller records the versions it relied on."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f").write_bytes(b"data")
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    storage = LocalStorage(tmp_path)
+    with storage.recording() as seen:
+        first = storage.version("f")
+        assert [storage.version(key) for key in ("d", "link", "missing")] == [None] * 3
+    assert seen == {}
+    assert first == storage.stat("f").version  # type: ignore[union-attr]
+    (tmp_path / "f.new").write_bytes(b"other")
+    os.replace(tmp_path / "f.new", tmp_path / "f")
+    assert storage.version("f") not in (None, first)
+    stat = storage.stat("f")
+    with storage.recording() as seen:
+        storage.noted({"f": stat, "missing": None})
+    assert seen == {"f": stat, "missing": None}
 
 
 STEPS = ["entry written", "part of the tail written", "tail written, not synced", "not cleared"]
