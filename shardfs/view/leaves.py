@@ -57,6 +57,7 @@ class ChunkDirectory:
         "_parts",
         "_per_shard",
         "_prefix",
+        "_seen",
         "_shard",
         "_shards",
         "_version",
@@ -78,6 +79,7 @@ class ChunkDirectory:
         self._doc_version = doc.version
         self._parts = parts
         self._keys: dict[int, str] = {}
+        self._seen: dict[str, dict[str, Stat | None]] = {}
         layout = array.layout
         fixed = array.names.decode(parts + "0", layout.ndim) if layout.ndim else None
         #: Where a name is one integer k (the last axis of a nested key space), chunk k is
@@ -137,8 +139,8 @@ class ChunkDirectory:
         version = self._version(key)
         if version is None:
             raise MissingChunk(self._parts + name)
-        table = shards.cached_table(key, version)
-        if table is None:
+        table = shards.indexes.peek((key, version))  # `Shards.cached_table`, inline
+        if table is None or table.end != table.stat.size:
             return self._located(array, coords, index)
         offset, nbytes = table.entries[local_at].tolist()
         if nbytes == EMPTY_NBYTES:
@@ -148,7 +150,10 @@ class ChunkDirectory:
             attr = Attr(False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes))
         else:
             attr = self._attr(array, key, stat, offset, nbytes)
-        return array, coords, index, attr, {self._doc_key: self._doc, key: stat}
+        seen = self._seen.get(key)
+        if seen is None or seen[key] is not stat:
+            seen = self._seen_of(key, stat)
+        return array, coords, index, attr, seen
 
     def _located(self, array: ArrayView, coords: tuple[int, ...], index: int) -> Found:
         """The chunk at `coords` located the way any lookup does (`Shards.locate`): where
@@ -161,6 +166,15 @@ class ChunkDirectory:
         if self._as_stored:
             return Attr(False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes))
         return Attr(False, array.served_size(nbytes), stat.mtime_ns)
+
+    def _seen_of(self, key: str, stat: Stat) -> dict[str, Stat | None]:
+        """The versions a chunk of shard `key` at `stat` is shown from: one dict for all
+        its chunks, never changed (a show that gets the same one again need not look
+        at the versions it keeps: see `KernelVersions.show`)."""
+        if len(self._seen) >= KEYS_KEPT:
+            self._seen.clear()
+        seen = self._seen[key] = {self._doc_key: self._doc, key: stat}
+        return seen
 
     def _key(self, array: ArrayView, shard: int) -> str:
         if len(self._keys) >= KEYS_KEPT:

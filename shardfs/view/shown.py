@@ -103,6 +103,9 @@ class KernelVersions:
         self._tidy_at = 0.0
         #: the seq of the latest listing's show (see `own`)
         self._listed_seq = -1
+        #: the versions the latest call of `_keep` kept, and when (see `show`)
+        self._last_kept: dict[str, Stat | None] = {}
+        self._kept_at = 0.0
 
     def show(
         self,
@@ -128,7 +131,11 @@ class KernelVersions:
             self._tidy_at = now + TIDY_EVERY
         if tidy or len(table) > self._budget or self._held > self._stats_budget:
             self._expire(now)
-        self._keep(stats, now, None if directory is None else VERSIONS_PER_LISTING)
+        # The same versions as the last show, shown again within `TIDY_EVERY` (the chunk
+        # files of one shard, one after another): `_keep` would find them kept.
+        if stats is not self._last_kept or now >= self._kept_at + TIDY_EVERY:
+            self._keep(stats, now, None if directory is None else VERSIONS_PER_LISTING)
+            self._last_kept, self._kept_at = stats, now
         if tidy or len(self._kept) > self._versions:
             self._drop_kept(now)
         return shown
