@@ -440,23 +440,25 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         text = name.decode(*_FS_ENCODING)  # as os.fsdecode, with no Python frame
-        leaf = self._leaves.get(parent_inode)
-        if leaf is not None:
+        prepared = self._leaves.get(parent_inode)
+        if prepared is not None:
             # A directory of chunk files looked in before (kernel-served mounts): the
             # chunk's inode number from its index, none of the layers (`view.leaves`).
+            directory, base = prepared
             try:
                 try:  # `_run`, inline: one coroutine less per chunk file
-                    found = attempt(leaf[0].entry, text)
+                    found = attempt(directory.entry, text)
                 except WouldBlock:
-                    found = await self._thread(leaf[0].entry, text)
+                    found = await self._thread(directory.entry, text)
             except MissingChunk:
                 return self._absent()
             if found is not None:
-                ino, attr = leaf[1] + found[2], found[3]
+                _, _, index, attr, seen = found
+                ino = base + index
                 live = self._readers.get(ino)
                 if live is not None:  # as `_shown`, for a file
                     return self._entry(ino, live.reader.attr())
-                self.versions.show(found[4], ino, None, attr.extent)  # type: ignore[union-attr]
+                self.versions.show(seen, ino, None, attr.extent)  # type: ignore[union-attr]
                 return self._entry(ino, attr)
         parent = self._node(parent_inode)
         if text == ".":
@@ -721,7 +723,8 @@ class Operations(pyfuse3.Operations):
                     data = await self._thread(self.versions.read_kept, extent, off, size)
                 if data is not None:
                     return data
-            node = node or self._node(inode)
+            if node is None:
+                node = self._node(inode)
             try:
                 live = await self._run(self._open_as_of, node, shown)
             except ShardfsError as e:
