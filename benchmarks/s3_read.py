@@ -24,7 +24,13 @@ run, interleaved:
       case of issue 22, which should send no data request at all;
   (i), (j) as (g), (h) for the chunk-by-chunk read of (d);
   (k) as (d), from the local copy of (f): the floor of (j), what a remount
-      whose every byte came from local disk could reach at best.
+      whose every byte came from local disk could reach at best;
+  (l) as (b), from a plain (unsharded) local copy, its files in the page cache:
+      what a reader of chunk files pays with no FUSE and no S3;
+  (m) as (l), through the floor of `cold_path.py` (`serve-read`: a pyfuse3 + trio
+      daemon with trivial handlers serving that plain copy from memory, kernel-served
+      like `-o ro`): what any pyfuse3 daemon answering the same requests costs, the
+      bound of (f) and so of (a).
 
 Every mount is a fresh daemon, so the kernel's page cache of the mount
 dies with each unmount and only the disk cache carries over.
@@ -36,11 +42,11 @@ cache's block hits and misses (from the daemon, as `shardfs stats` shows
 them), and ratios per repetition: (b)/(a) and (e)/(d), above 1 the mount
 is faster; (g)/(h), (i)/(j), what the warm cache gains over the first mount
 (the target is at least 3); (b)/(h), (e)/(j), above 1 the warm remount is
-faster than zarr-python direct. The data is written by zarr-python
+faster than zarr-python direct; (b)/(m), the most (b)/(f) and (b)/(a) can be. The data is written by zarr-python
 straight into moto.
 
     .venv/bin/python benchmarks/s3_read.py [--size-mib 64] [--delay-ms 20] [--repeat 3]
-        [--chunk-reads 64]
+        [--chunk-reads 64] [--cases abf...]
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from typing import Any
 
 import numpy as np
 import zarr
+from cold_path import Floor
 from common import Interrupts, machine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,6 +154,12 @@ def read_through_mount(
             stop_mount(mounted)
 
 
+def read_through_floor(plain: Path, work: Path, interrupts: Interrupts) -> tuple[float, None]:
+    """Seconds of one whole read of the plain copy through a fresh floor daemon."""
+    with Floor(interrupts, work / "floor-mnt", "serve-read", str(plain)) as floor:
+        return read(zarr.open_array(floor.mountpoint / "a", mode="r"), None), None
+
+
 def read_directly(s3: S3Env, chunks: int | None = None) -> tuple[float, None]:
     return read(zarr.open_array(s3.zarr_store("data/a", read_only=True), mode="r"), chunks), None
 
@@ -157,6 +170,7 @@ def main() -> int:
     parser.add_argument("--delay-ms", type=float, default=20.0)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--chunk-reads", type=int, default=64)
+    parser.add_argument("--cases", default="abcdefghijklm", help="the cases to run (letters)")
     args = parser.parse_args()
     interrupts = Interrupts()
     configure_environment()
@@ -181,6 +195,10 @@ def main() -> int:
                 stored = sum(size for size, _ in s3.keys("data/").values())
                 local = work / "local"
                 s3.download_tree("data", local)
+                plain = work / "plain"
+                zarr.open_group(plain, mode="w").create_array(
+                    "a", shape=data.shape, dtype=data.dtype, chunks=CHUNKS, fill_value=0
+                )[...] = data
                 url, options = s3.url("data"), s3.mount_options()
                 s3.proxy.delay(args.delay_ms / 1000)
                 caches = {"whole": work / "cache-whole", "chunks": work / "cache-chunks"}
@@ -209,7 +227,10 @@ def main() -> int:
                     "i": lambda: mount(fresh_cache("chunks"), chunks=n),
                     "j": lambda: mount(f"cache_dir={caches['chunks']}", chunks=n),
                     "k": lambda: read_through_mount(str(local), work, interrupts, chunks=n),
+                    "l": lambda: (read(zarr.open_array(plain / "a", mode="r"), None), None),
+                    "m": lambda: read_through_floor(plain, work, interrupts),
                 }
+                cases = {name: case for name, case in cases.items() if name in args.cases}
                 runs: dict[str, list[Run]] = {name: [] for name in cases}
                 for rep in range(args.repeat):
                     for name, case in cases.items():
@@ -253,8 +274,11 @@ def report(runs: dict[str, list[Run]], nbytes: int, stored: int, args: argparse.
         "i": f"(i) as (d), {n} chunks, first mount, empty cache_dir",
         "j": f"(j) as (d), {n} chunks, remount, warm cache_dir",
         "k": f"(k) as (d), {n} chunks, from a local copy: the floor of (j)",
+        "l": "(l) as (b), from a plain local copy (page cache): no FUSE, no S3",
+        "m": "(m) as (l), through a trivial pyfuse3 daemon: the bound of (f) and (a)",
     }
-    read_bytes = dict.fromkeys("abcfgh", nbytes) | dict.fromkeys("deijk", n * CHUNK_BYTES)
+    labels = {name: label for name, label in labels.items() if runs.get(name)}
+    read_bytes = dict.fromkeys("abcfghlm", nbytes) | dict.fromkeys("deijk", n * CHUNK_BYTES)
     lines = [
         f"{nbytes >> 20} MiB uint8 array ({stored / (1 << 20):.1f} MiB stored), chunks {CHUNKS},"
         f" shards {SHARDS}; {args.delay_ms:g} ms added to every request; "
@@ -286,11 +310,17 @@ def report(runs: dict[str, list[Run]], nbytes: int, stored: int, args: argparse.
         ("e", "j", "direct over warm remount; above 1 the remount is faster"),
         ("g", "f", "first mount over the local floor, whole array: the most (h) can gain"),
         ("i", "k", "the same, chunk by chunk: the most (j) can gain"),
+        ("b", "m", "direct over the trivial daemon: the most (b)/(f) and (b)/(a) can be"),
+        ("m", "f", "the trivial daemon over the mount of a local copy; 1 is the floor"),
     )
     for over, under, meaning in ratios:
+        if not (runs.get(over) and runs.get(under)):
+            continue
         lines.append(f"- ({over})/({under}): {spread(ratio(runs, over, under))}, {meaning}")
     lines.append("")
     for first, warm, what in (("g", "h", "whole array"), ("i", "j", "chunk by chunk")):
+        if not (runs.get(first) and runs.get(warm)):
+            continue
         data = sum(run.requests[DATA] for run in runs[warm])
         gain = statistics.median(ratio(runs, first, warm))
         met = data == 0 and gain >= TARGET

@@ -14,7 +14,7 @@ from shardfs.formats.shard_index import EMPTY
 from shardfs.primitives.blocking import WouldBlock, nonblocking
 from shardfs.storage import LocalStorage, Stat
 from shardfs.storage.base import Pin
-from shardfs.view.readahead import WALKED, HasExtents, ReadAhead
+from shardfs.view.readahead import AHEAD, WALKED, HasExtents, ReadAhead
 
 KIB = 1 << 10
 
@@ -166,7 +166,7 @@ def test_a_walker_of_a_shard_gets_the_next_shards_fetched_ahead(tmp_path: Path) 
     assert asked == [], "one read is not a walk: nothing is fetched ahead"
     ahead.read(Pin(storage, "s0", tables["s0"].stat), tables["s0"], *entries[3], next_shard)
     deadline = time.monotonic() + 10
-    while sorted(asked) != [1, 2] or "s1" not in storage.keys:
+    while sorted(asked) != list(range(1, AHEAD + 1)) or "s1" not in storage.keys:
         assert time.monotonic() < deadline, (asked, storage.keys)
         time.sleep(0.01)
     before = len(storage.reads)
@@ -177,6 +177,63 @@ def test_a_walker_of_a_shard_gets_the_next_shards_fetched_ahead(tmp_path: Path) 
         )
     assert len(storage.reads) == before, "the walker finds the next shard in memory"
     assert storage.keys.count("s1") == 1, storage.keys
+
+
+def test_prefetches_go_past_the_shards_that_readers_walk_already(tmp_path: Path) -> None:
+    """A whole-array read walks every shard a row of chunks crosses at once: a walker's
+    next shards are often being read already, and the prefetches take the next ones that
+    nobody reads, one each, and no more than `AHEAD` of them."""
+    tables = {}
+    names = [f"s{i}" for i in range(AHEAD + 5)]
+    for name in names:
+        storage, tables[name], entries = shard(tmp_path, [300 * KIB] * 4, name=name)
+    ahead = ReadAhead(storage, 64 << 20)
+
+    def next_shard(n: int):
+        name = f"s{n}"
+        return (name, tables[name]) if name in tables else None
+
+    for name in ("s1", "s2"):  # other readers of the same row
+        ahead.read(Pin(storage, name, tables[name].stat), tables[name], *entries[0])
+    s0 = Pin(storage, "s0", tables["s0"].stat)
+    ahead.read(s0, tables["s0"], *entries[0], next_shard)
+    ahead.read(s0, tables["s0"], *entries[3], next_shard)  # a walk
+    deadline = time.monotonic() + 10
+    ahead_of_it = names[3 : 3 + AHEAD]
+    while not set(ahead_of_it) <= set(storage.keys):
+        assert time.monotonic() < deadline, storage.keys
+        time.sleep(0.01)
+    time.sleep(0.1)
+    counts = [storage.keys.count(name) for name in names]
+    assert counts == [2, 1, 1] + [1] * AHEAD + [0, 0], storage.keys
+    last = ahead_of_it[-1]
+    before = len(storage.reads)
+    for i in range(4):
+        assert (
+            ahead.read(Pin(storage, last, tables[last].stat), tables[last], *entries[i])
+            == bytes([i]) * 300 * KIB
+        )
+    assert len(storage.reads) == before, "the walker finds it in memory"
+
+
+def test_prefetches_fetch_at_most_half_the_read_cache(tmp_path: Path) -> None:
+    """What prefetches bring must not push out what walkers are about to read: a shard
+    whose window would take more than half the cache is left to its walker."""
+    tables = {}
+    for name in ("s0", "s1"):
+        storage, tables[name], entries = shard(tmp_path, [300 * KIB] * 4, name=name)
+    ahead = ReadAhead(storage, 1536 * KIB)  # windows of 1 MiB (3 chunks): over half of it
+
+    def next_shard(n: int):
+        return ("s1", tables["s1"]) if n == 1 else None
+
+    s0 = Pin(storage, "s0", tables["s0"].stat)
+    for i in range(4):
+        assert ahead.read(s0, tables["s0"], *entries[i], next_shard) == bytes([i]) * 300 * KIB
+    time.sleep(0.3)
+    assert "s1" not in storage.keys, storage.keys
+    s1 = Pin(storage, "s1", tables["s1"].stat)
+    assert ahead.read(s1, tables["s1"], *entries[0], next_shard) == bytes([0]) * 300 * KIB
 
 
 def test_a_failed_prefetch_leaves_reads_alone(tmp_path: Path) -> None:
@@ -194,11 +251,11 @@ def test_a_failed_prefetch_leaves_reads_alone(tmp_path: Path) -> None:
             == bytes([i]) * 300 * KIB
         )
     deadline = time.monotonic() + 10
-    while len(failures) < 2:
+    while len(failures) < AHEAD:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     time.sleep(0.1)
-    assert sorted(failures) == [1, 2], "asked once per walked shard"
+    assert sorted(failures) == list(range(1, AHEAD + 1)), "asked once per walked shard"
 
 
 def test_a_read_of_a_chunk_fetched_ahead_shows_a_walker(tmp_path: Path) -> None:
@@ -241,5 +298,5 @@ def test_settle_waits_for_the_prefetches_in_flight(tmp_path: Path) -> None:
     ahead.settle(0.05)
     assert time.monotonic() - started < 0.3 and not landed, "no longer than asked"
     ahead.settle(5.0)
-    assert sorted(landed) == [1, 2], "both prefetches ahead landed before settle returned"
+    assert sorted(landed) == list(range(1, AHEAD + 1)), "all landed before settle returned"
     ahead.settle(5.0)  # nothing in flight: at once

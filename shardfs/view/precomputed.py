@@ -71,6 +71,8 @@ log = logging.getLogger("shardfs")
 
 #: The most bytes one merged read of gzip trailers may span (see `_read_ranges`).
 MAX_SPAN = 16 << 20
+#: Minishards fetched ahead of a walker (see `ahead`).
+MINISHARDS_AHEAD = 2
 
 
 @dataclass(frozen=True)
@@ -321,10 +323,11 @@ class PrecomputedNamespace(SourceView):
         return None
 
     def ahead(self, run: _Run) -> NextShard | None:
-        """Where a walker of `run` goes next, for read-ahead, if anything predicts it."""
+        """Where a walker of `run` goes next, for read-ahead, if anything predicts it: the
+        next `MINISHARDS_AHEAD` minishards (a walk in id order is in one at a time)."""
         if run.scale.sharding.hash != "identity":
             return None
-        return lambda n: self.next_run(run, n)
+        return lambda n: self.next_run(run, n) if n <= MINISHARDS_AHEAD else None
 
     def _file_size(self, chunk: _Chunk) -> int:
         """The size of a chunk's file; for gzip sizes, one read of its trailer (cached)."""

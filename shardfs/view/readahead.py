@@ -16,7 +16,9 @@ A reader walking a shard is likely to walk the next one too (readers of a
 whole array go in C order), so the first window of the shard that follows
 is fetched at the same time, in the background: by the time the reader gets
 there, its index and first chunks are in memory instead of two round trips
-away.
+away. A whole-array read walks all the shards a row of chunks crosses at
+once, so the shards right after the one walked are often walked already:
+what is fetched ahead are the next shards that nobody walks yet.
 
 What is looked ahead in is an `ExtentSource`: the chunks of a whole Zarr shard,
 or of one part of a shard whose index comes in parts (a minishard of a
@@ -59,11 +61,14 @@ FIRST_WINDOW = 256 << 10
 MAX_WINDOW = 16 << 20
 #: Shards remembered as read from.
 TRACKED_SHARDS = 4096
-#: Background prefetches at once.
-PREFETCHES = 4
-#: Shards fetched ahead of a walker (readers of a whole array walk two at once
-#: when a row of chunks crosses two shards).
-AHEAD = 2
+#: Background prefetches at once (their fetches together at most half the read cache).
+PREFETCHES = 8
+#: Shards fetched ahead of a walker: the next ones (in the order a whole-array read
+#: goes) that no reader walks and no prefetch took yet, ...
+AHEAD = 4
+#: ... looked for among the next LOOKAHEAD (a row of chunks may cross that many shards,
+#: all walked at once).
+LOOKAHEAD = 16
 #: What a shard version has seen: one fetch; a reader walking it; its walker's next shard asked for.
 FETCHED, WALKED, NEXT_ASKED = 1, 2, 3
 
@@ -142,6 +147,9 @@ class ReadAhead:
         #: What each recent shard version (or part) has seen (FETCHED, WALKED or NEXT_ASKED).
         self._seen: OrderedDict[Walk, int] = OrderedDict()
         self._prefetching = threading.BoundedSemaphore(PREFETCHES)
+        #: Bytes that prefetches are fetching: at most half the cache, so that what they
+        #: bring does not push out what walkers are about to read.
+        self._ahead_bytes = 0
         #: Ranged reads issued, and chunks they brought that had not been asked for.
         self.fetches = 0
         self.prefetched = 0
@@ -190,7 +198,7 @@ class ReadAhead:
                 if waiting is None:
                     state = self._seen.get(walk, 0)  # (a walker's next asked for stays so)
                     self._note(walk, state + 1 if state < WALKED else state)
-                    plan = self._plan(key, table, offset, nbytes, span)
+                    plan = self._plan(key, table, offset, nbytes, span, walked=state > 0)
                     future: Future[None] = Future()
                     for chunk in plan:
                         self._pending[chunk] = future
@@ -225,7 +233,7 @@ class ReadAhead:
             self._seen.popitem(last=False)
 
     def _ask_next(self, shard: Walk, next_shard: NextShard | None) -> None:
-        """Once a reader walks `shard`, prefetch the shard it will walk next (once)."""
+        """Once a reader walks `shard`, prefetch the shards it will walk next (once)."""
         if next_shard is None:
             return
         with self._lock:
@@ -262,6 +270,7 @@ class ReadAhead:
         offset: int,
         nbytes: int,
         span: tuple[int, int] | None,
+        walked: bool,
     ) -> list[ChunkKey]:
         """The chunks to fetch with the one at `offset` (first in the list): its neighbours
         in the shard within the window, on both sides (concurrent readers do not ask in
@@ -273,7 +282,7 @@ class ReadAhead:
         gaps = self.storage.request_cost
         if span is not None:
             window = gaps = span[1] - span[0]
-        elif self._seen[(key, version, table.part)] == FETCHED:
+        elif not walked:
             window = max(FIRST_WINDOW, self.storage.request_cost)
         else:
             window = self.max_window
@@ -303,40 +312,56 @@ class ReadAhead:
                 i += step
         return plan
 
-    def _prefetch(self, next_shard: NextShard, n: int) -> None:
-        """Fetch the first window of the `n`-th next shard, as a walker would."""
+    def _prefetch(self, next_shard: NextShard, first: int) -> None:
+        """Fetch the first window of the first shard from the `first`-th next one on that
+        nobody walks or fetches yet, as a walker would. Each of the `AHEAD` prefetches
+        of a walker starts its search one shard further, so that they take different
+        shards; the search stops at a shard that does not exist."""
         try:
-            found = next_shard(n)
-            if found is not None:
-                self._prefetch_shard(*found)
+            for n in range(first, LOOKAHEAD + 1):
+                found = next_shard(n)
+                if found is None or self._prefetch_shard(*found):
+                    return
         except Exception as e:  # the reader that needs it will meet the error itself
             log.debug("prefetch of a shard ahead failed: %s", e)
         finally:
             self._prefetching.release()
 
-    def _prefetch_shard(self, key: str, table: ExtentSource) -> None:
+    def _prefetch_shard(self, key: str, table: ExtentSource) -> bool:
+        """Fetch the first window of `table` unless a reader or a prefetch got there first
+        (or it has no chunk); whether it did."""
         extents = table.extents
         if not len(extents.starts):
-            return
+            return False
         shard: Walk = (key, table.stat.version, table.part)
         first: ChunkKey = (key, shard[1], int(extents.starts[0]), int(extents.sizes[0]))
         span = self.storage.local_span(key, first[2], first[3], shard[1])
         with self._lock:
             if shard in self._seen:
-                return  # a reader or an earlier prefetch got there first
-            self._note(shard, WALKED)  # its first reader will be walking it
+                return False
             if first in self._pending or self.cache.peek(first) is not None:
-                return
-            plan = self._plan(key, table, first[2], first[3], span)
+                self._note(shard, WALKED)
+                return True
+            plan = self._plan(key, table, first[2], first[3], span, walked=True)
+            size = _span(plan)
+            if self._ahead_bytes + size > self.cache.budget // 2:
+                return True  # no room ahead: a walker that gets there fetches it
+            self._note(shard, WALKED)  # its first reader will be walking it
+            self._ahead_bytes += size
             future: Future[None] = Future()
             for chunk in plan:
                 self._pending[chunk] = future
-        self.cache.put(first, self._fetch(first, plan, future))
+        try:
+            self.cache.put(first, self._fetch(first, plan, future))
+        finally:
+            with self._lock:
+                self._ahead_bytes -= size
+        return True
 
     def _fetch(self, wanted: ChunkKey, plan: list[ChunkKey], future: Future[None]) -> bytes:
         key, version, _, _ = wanted
         start = min(offset for _, _, offset, _ in plan)
-        end = max(offset + size for _, _, offset, size in plan)
+        end = start + _span(plan)
         try:
             data = self.storage.read(key, start, end - start, version)
             with self._lock:  # counted under the lock: fetches run in many threads
@@ -351,3 +376,9 @@ class ReadAhead:
                 for chunk in plan:
                     self._pending.pop(chunk, None)
             future.set_result(None)
+
+
+def _span(plan: list[ChunkKey]) -> int:
+    """The bytes one ranged read of the chunks of `plan` takes."""
+    start = min(offset for _, _, offset, _ in plan)
+    return max(offset + size for _, _, offset, size in plan) - start
