@@ -313,12 +313,13 @@ class ReadAhead:
         return plan
 
     def _prefetch(self, next_shard: NextShard, first: int) -> None:
-        """Fetch the first window of the first shard from the `first`-th next one on that
-        nobody walks or fetches yet, as a walker would. Each of the `AHEAD` prefetches
-        of a walker starts its search one shard further, so that they take different
-        shards; the search stops at a shard that does not exist."""
+        """Fetch the first window of the first shard that nobody walks or fetches yet among
+        the `first`-th next one and every `AHEAD`-th after it, as a walker would. The
+        `AHEAD` prefetches of a walker look at shards of their own, so that none waits
+        for the index another is loading; a search stops at a shard that does not
+        exist."""
         try:
-            for n in range(first, LOOKAHEAD + 1):
+            for n in range(first, LOOKAHEAD + 1, AHEAD):
                 found = next_shard(n)
                 if found is None or self._prefetch_shard(*found):
                     return
