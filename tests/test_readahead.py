@@ -236,6 +236,34 @@ def test_prefetches_fetch_at_most_half_the_read_cache(tmp_path: Path) -> None:
     assert ahead.read(s1, tables["s1"], *entries[0], next_shard) == bytes([0]) * 300 * KIB
 
 
+def test_a_hit_serves_a_chunk_as_a_read_would_once_a_read_came_by(tmp_path: Path) -> None:
+    """`hit` is how a front end serves a chunk it located with no open: from memory only,
+    and only for a shard version a `read` came by, whose walk it then goes on with."""
+    tables = {}
+    for name in ("s0", "s1"):
+        storage, tables[name], entries = shard(tmp_path, [300 * KIB] * 4, name=name)
+    ahead = ReadAhead(storage, 64 << 20)
+    version = tables["s0"].stat.version
+    asked: list[int] = []
+
+    def next_shard(n: int):
+        asked.append(n)
+        return ("s1", tables["s1"]) if n == 1 else None
+
+    assert ahead.hit("s0", version, *entries[1]) is None, "nothing read: nothing cached"
+    ahead.read(Pin(storage, "s0", tables["s0"].stat), tables["s0"], *entries[0], next_shard)
+    assert ahead.hit("s0", version, *entries[1]) == bytes([1]) * 300 * KIB
+    assert ahead.hit("s0", "another version", *entries[1]) is None
+    assert ahead.hit("s0", version, *entries[3]) is None, "not fetched: the long way"
+    assert storage.keys.count("s0") == 1, "a hit makes no request"
+    deadline = time.monotonic() + 10
+    while "s1" not in storage.keys:  # the hit showed a walker: its next shard came
+        assert time.monotonic() < deadline, (asked, storage.keys)
+        time.sleep(0.01)
+    s1 = tables["s1"].stat.version
+    assert ahead.hit("s1", s1, *entries[0]) is None, "fetched ahead, but no read came by"
+
+
 def test_a_failed_prefetch_leaves_reads_alone(tmp_path: Path) -> None:
     storage, table, entries = shard(tmp_path, [300 * KIB] * 4)
     ahead = ReadAhead(storage, 64 << 20)

@@ -723,6 +723,9 @@ class Operations(pyfuse3.Operations):
                     data = await self._thread(self.versions.read_kept, extent, off, size)
                 if data is not None:
                     return data
+                data = self.view.cached_chunk(extent)  # a store that keeps no versions (S3)
+                if data is not None:
+                    return data[off : off + size]
             if node is None:
                 node = self._node(inode)
             try:

@@ -32,7 +32,7 @@ from shardfs.primitives.errors import (
 from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Pin, Stat, Storage
 from shardfs.view.hierarchy import join
-from shardfs.view.nodes import Attr, Node
+from shardfs.view.nodes import Attr, Extent, Node
 from shardfs.view.readahead import ExtentSource, NextShard, ReadAhead
 
 if TYPE_CHECKING:
@@ -169,6 +169,12 @@ class SourceView(ABC):
     def chunk_directory(self, path: str) -> ChunkDirectory | None:
         """The directory `path` of chunk files, prepared for lookups, if a lookup there
         prepared it (see `shardfs.view.leaves`); None in views that prepare none."""
+        return None
+
+    def cached_chunk(self, extent: Extent) -> bytes | None:
+        """The stored bytes `extent` locates if the view holds them in memory (read-ahead
+        from a store where every request costs a round trip), with no request and no
+        wait; None otherwise."""
         return None
 
     def resolve(self, path: str) -> Node:

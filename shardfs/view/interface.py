@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from shardfs.storage.base import Storage
     from shardfs.view.leaves import ChunkDirectory
     from shardfs.view.namespace import Namespace
-    from shardfs.view.nodes import Attr, Listing, Node
+    from shardfs.view.nodes import Attr, Extent, Listing, Node
 
 
 class OpenFile(Protocol):
@@ -76,6 +76,8 @@ class ViewInterface(Protocol):
     def attr(self, node: Node) -> Attr: ...
 
     def chunk_directory(self, path: str) -> ChunkDirectory | None: ...
+
+    def cached_chunk(self, extent: Extent) -> bytes | None: ...
 
     def listing(self, node: Node) -> Listing: ...
 

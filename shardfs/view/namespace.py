@@ -133,6 +133,11 @@ class Namespace(SourceView):
     def chunk_directory(self, path: str) -> ChunkDirectory | None:
         return self._leaves.get(path)
 
+    def cached_chunk(self, extent: Extent) -> bytes | None:
+        if not self.read_ahead.enabled:
+            return None
+        return self.read_ahead.hit(extent.key, extent.stat.version, extent.offset, extent.length)
+
     def _learn(self, directory: str, array: ArrayView, chunk: str) -> None:
         """Prepare `directory`, where `chunk` of `array` was just found, for the lookups of
         its other chunk files (see `shardfs.view.leaves`), if its array's document has

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -147,9 +148,15 @@ class ReadAhead:
         #: What each recent shard version (or part) has seen (FETCHED, WALKED or NEXT_ASKED).
         self._seen: OrderedDict[Walk, int] = OrderedDict()
         self._prefetching = threading.BoundedSemaphore(PREFETCHES)
+        #: Prefetches asked for, and the threads that take them (see `_start_worker`).
+        self._jobs: queue.SimpleQueue[tuple[NextShard, int]] = queue.SimpleQueue()
+        self._workers = 0
         #: Bytes that prefetches are fetching: at most half the cache, so that what they
         #: bring does not push out what walkers are about to read.
         self._ahead_bytes = 0
+        #: Where the walker of each shard version (or part) that a reader reached by `read`
+        #: goes next: what lets `hit` serve the rest of it with the same bookkeeping.
+        self._next: dict[Walk, NextShard | None] = {}
         #: Ranged reads issued, and chunks they brought that had not been asked for.
         self.fetches = 0
         self.prefetched = 0
@@ -178,13 +185,14 @@ class ReadAhead:
         key, version = pin.key, table.stat.version
         walk: Walk = (key, version, table.part)
         wanted: ChunkKey = (key, version, offset, nbytes)
+        with self._lock:
+            if len(self._next) >= TRACKED_SHARDS:
+                self._next.clear()
+            self._next[walk] = next_shard
         while True:
             data = self.cache.peek(wanted)
             if data is not None:
-                with self._lock:
-                    if self._seen.get(walk, FETCHED) == FETCHED:
-                        self._note(walk, WALKED)  # it read a chunk fetched ahead: a walker
-                self._ask_next(walk, next_shard)
+                self._walked(walk, next_shard)
                 return data
             if not may_block():
                 raise WouldBlock
@@ -208,6 +216,30 @@ class ReadAhead:
             # If its fetch failed, the next round fetches it here and meets the error first-hand.
             with contextlib.suppress(Exception):
                 waiting.result()
+
+    def hit(self, key: str, version: Hashable, offset: int, nbytes: int) -> bytes | None:
+        """The chunk at `offset` of version `version` of shard `key` (a whole Zarr shard) if
+        the cache has it and a reader of that version came by `read` before, as `read`
+        would give it (a walker is noted, and its next shards are asked for); None
+        otherwise. It never blocks: what a front end serves a chunk from without opening
+        it."""
+        walk: Walk = (key, version, None)
+        with self._lock:
+            if walk not in self._next:
+                return None
+            next_shard = self._next[walk]
+        data = self.cache.peek((key, version, offset, nbytes))
+        if data is not None:
+            self._walked(walk, next_shard)
+        return data
+
+    def _walked(self, walk: Walk, next_shard: NextShard | None) -> None:
+        """A chunk of `walk` was found in the cache: it was fetched with another, or ahead,
+        so a reader walks it."""
+        with self._lock:
+            if self._seen.get(walk, FETCHED) == FETCHED:
+                self._note(walk, WALKED)
+        self._ask_next(walk, next_shard)
 
     def cached(self, key: str, version: Hashable, offset: int, nbytes: int) -> bytes | None:
         """The chunk at `offset` of version `version` of shard `key` if the cache has it,
@@ -243,12 +275,22 @@ class ReadAhead:
         for n in range(1, AHEAD + 1):
             # When all are busy the shard is skipped: the walker of the one before asks again.
             if self._prefetching.acquire(blocking=False):
-                threading.Thread(
-                    target=self._prefetch,
-                    args=(next_shard, n),
-                    name="shardfs-prefetch",
-                    daemon=True,
-                ).start()
+                self._jobs.put((next_shard, n))
+                self._start_worker()
+
+    def _start_worker(self) -> None:
+        """One more prefetch thread, until there are `PREFETCHES`: they are kept, since
+        starting a thread makes its starter wait until it runs, and the starter is often
+        the event loop."""
+        with self._lock:
+            if self._workers >= PREFETCHES:
+                return
+            self._workers += 1
+        threading.Thread(target=self._work, name="shardfs-prefetch", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            self._prefetch(*self._jobs.get())
 
     def settle(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the prefetches in flight: at the end of a mount,
