@@ -203,6 +203,29 @@ def test_errnos_of_a_writable_view(source: Path) -> None:
     assert ops.errors["EINVAL"] == 2 and ops.errors["EPERM"] == 2
 
 
+def test_a_bug_in_a_lookup_or_a_read_is_eio_with_its_traceback(
+    source: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`lookup` and `read` map errors at the boundary inline (not through `_errors`): an
+    unexpected exception still gives EIO, counted, and its traceback in the log."""
+    ops = operations(source, kernel_served=True)
+    chunk = run(lambda: inode_of(ops, "image/c/0/0"))
+    image = run(lambda: inode_of(ops, "image"))
+
+    def bug(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ops.view, "entry", bug)
+    monkeypatch.setattr(ops.versions, "own", bug)
+    with caplog.at_level(logging.ERROR, logger="shardfs"):
+        assert errno_of(lambda: ops.lookup(image, b"zarr.json", None)) == errno.EIO  # type: ignore[arg-type]
+        assert errno_of(lambda: ops.read(chunk, 0, 4096)) == errno.EIO
+    failed = [r for r in caplog.records if "failed unexpectedly" in r.getMessage()]
+    assert [r.getMessage().split("(")[0] for r in failed] == ["lookup", "read"], failed
+    assert all(r.exc_info and r.exc_info[0] is RuntimeError for r in failed)
+    assert ops.errors == {"EIO": 2} and ops.requests["read"] == 1
+
+
 def test_corrupt_data_is_eio_and_one_log_line(
     source: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

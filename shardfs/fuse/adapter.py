@@ -163,7 +163,9 @@ def errno_for(error: ShardfsError) -> int:
 
 
 def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """Map exceptions to FUSEError at the boundary, logging what the user must see."""
+    """Count a request and map its exceptions to FUSEError at the boundary (`_fuse_error`).
+    The two handlers every chunk file costs, `lookup` and `read`, do the same inline: a
+    coroutine less per request (see docs/design.md)."""
 
     name = handler.__name__
 
@@ -175,19 +177,26 @@ def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
             log.debug("%s%r", name, args[1:])
         try:
             return await handler(*args, **kwargs)
-        except ShardfsError as e:
-            code = errno_for(e)
-            if code != errno.ENOSYS:  # kernel-served mounts answer it on purpose
-                ops.errors[errno.errorcode.get(code, str(code))] += 1  # type: ignore[attr-defined]
-            if code in (errno.EIO, errno.EINVAL) and not e.logged:
-                log.error("%s: %s", name, e)
-            raise pyfuse3.FUSEError(code) from None
-        except Exception:
-            ops.errors["EIO"] += 1  # type: ignore[attr-defined]
-            log.exception("%s%r failed unexpectedly", name, args[1:])
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception as e:
+            raise _fuse_error(ops, name, args[1:], e) from None
 
     return wrapper
+
+
+def _fuse_error(ops: Any, name: str, args: tuple[Any, ...], e: Exception) -> pyfuse3.FUSEError:
+    """The FUSEError for what handler `name` raised, logging what the user must see and
+    counting it. Called in the handler's `except` block (an unexpected error is logged
+    with its traceback)."""
+    if isinstance(e, ShardfsError):
+        code = errno_for(e)
+        if code != errno.ENOSYS:  # kernel-served mounts answer it on purpose
+            ops.errors[errno.errorcode.get(code, str(code))] += 1
+        if code in (errno.EIO, errno.EINVAL) and not e.logged:
+            log.error("%s: %s", name, e)
+        return pyfuse3.FUSEError(code)
+    ops.errors["EIO"] += 1
+    log.exception("%s%r failed unexpectedly", name, args)
+    return pyfuse3.FUSEError(errno.EIO)
 
 
 #: Whether this pyfuse3 hands read and readdir the inode when the kernel sends fh 0 (the
@@ -435,46 +444,51 @@ class Operations(pyfuse3.Operations):
 
     # -- namespace ----------------------------------------------------------------
 
-    @_errors
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        text = name.decode(*_FS_ENCODING)  # as os.fsdecode, with no Python frame
-        prepared = self._leaves.get(parent_inode)
-        if prepared is not None:
-            # A directory of chunk files looked in before (kernel-served mounts): the
-            # chunk's inode number from its index, none of the layers (`view.leaves`).
-            directory, base = prepared
-            try:
-                try:  # `_run`, inline: one coroutine less per chunk file
-                    found = attempt(directory.entry, text)
-                except WouldBlock:
-                    found = await self._thread(directory.entry, text)
-            except MissingChunk:
-                return self._absent()
-            if found is not None:
-                _, _, index, attr, seen = found
-                ino = base + index
-                live = self._readers.get(ino)
-                if live is not None:  # as `_shown`, for a file
-                    return self._entry(ino, live.reader.attr())
-                self.versions.show(seen, ino, None, attr.extent)  # type: ignore[union-attr]
-                return self._entry(ino, attr)
-        parent = self._node(parent_inode)
-        if text == ".":
-            node, attr = parent, await self._run(self.view.attr, parent)
-        elif text == "..":
-            node = await self._run(self.view.resolve, parent.path.rpartition("/")[0])
-            attr = await self._run(self.view.attr, node)
-        else:
-            try:
-                (node, attr), seen = await self._recorded(self.view.entry, parent, text)
-            except MissingChunk:
-                return self._absent()
-            if seen is not None and node.role is Role.CHUNK:
-                self._prepared(parent_inode, parent, node)
-            return self._reply(node, attr, seen)
-        return self._reply(node, attr)
+        self.requests["lookup"] += 1  # `_errors`, inline
+        if self.debug:
+            log.debug("lookup%r", (parent_inode, name, ctx))
+        try:
+            text = name.decode(*_FS_ENCODING)  # as os.fsdecode, with no Python frame
+            prepared = self._leaves.get(parent_inode)
+            if prepared is not None:
+                # A directory of chunk files looked in before (kernel-served mounts): the
+                # chunk's inode number from its index, none of the layers (`view.leaves`).
+                directory, base = prepared
+                try:
+                    try:  # `_run`, inline: one coroutine less per chunk file
+                        found = attempt(directory.entry, text)
+                    except WouldBlock:
+                        found = await self._thread(directory.entry, text)
+                except MissingChunk:
+                    return self._absent()
+                if found is not None:
+                    _, _, index, attr, seen = found
+                    ino = base + index
+                    live = self._readers.get(ino)
+                    if live is not None:  # as `_shown`, for a file
+                        return self._entry(ino, live.reader.attr())
+                    self.versions.show(seen, ino, None, attr.extent)  # type: ignore[union-attr]
+                    return self._entry(ino, attr)
+            parent = self._node(parent_inode)
+            if text == ".":
+                node, attr = parent, await self._run(self.view.attr, parent)
+            elif text == "..":
+                node = await self._run(self.view.resolve, parent.path.rpartition("/")[0])
+                attr = await self._run(self.view.attr, node)
+            else:
+                try:
+                    (node, attr), seen = await self._recorded(self.view.entry, parent, text)
+                except MissingChunk:
+                    return self._absent()
+                if seen is not None and node.role is Role.CHUNK:
+                    self._prepared(parent_inode, parent, node)
+                return self._reply(node, attr, seen)
+            return self._reply(node, attr)
+        except Exception as e:
+            raise _fuse_error(self, "lookup", (parent_inode, name, ctx), e) from None
 
     def _prepared(self, parent_inode: int, parent: Node, chunk: Node) -> None:
         """Keep the directory a chunk file was just found in prepared, if its view did, for
@@ -684,7 +698,6 @@ class Operations(pyfuse3.Operations):
             return self._open_file(inode, reader, reader.version)
         return self._open_file(inode, await self._run(self.writes.open, node, flags))
 
-    @_errors
     async def read(self, fh: int, off: int, size: int) -> bytes:
         """A read of an open file; on a kernel-served mount, of inode `fh`: there are no
         opens to pin a version to, so the file is read as of its latest show
@@ -696,53 +709,59 @@ class Operations(pyfuse3.Operations):
         The kernel is never told to drop a file at the end of a pass: a reader that
         reads on to find the end (Python's `read()`, `cat`) would then be given the new
         size, and the new version's bytes after the old one's."""
-        if self.versions is None:
-            return await self._run(self._handles[fh].read, off, size)
-        inode = fh
-        live = self._readers.get(inode)
-        if live is not None:
-            self._readers.move_to_end(inode)
-        else:
-            node = None
-            shown = self.versions.own(inode)  # the common case, known without the node
-            if shown is not None:
-                extent = shown.extent
-            else:
-                node = self._node(inode)
-                directory = node.path.rpartition("/")[0]
-                shown = self.versions.latest(inode, directory)
-                extent = self._extent(node, directory, shown)
-            if extent is not None and off + size >= extent.length:
-                # A read to the end of a file its show located: from the kept version
-                # at once, with no reader (no pass to keep going, see `_shown`).
-                if off >= extent.length:
-                    return b""
-                try:  # `_run`, inline: one coroutine less per chunk file
-                    data = attempt(self.versions.read_kept, extent, off, size)
-                except WouldBlock:
-                    data = await self._thread(self.versions.read_kept, extent, off, size)
-                if data is not None:
-                    return data
-                data = self.view.cached_chunk(extent)  # a store that keeps no versions (S3)
-                if data is not None:
-                    return data[off : off + size]
-            if node is None:
-                node = self._node(inode)
-            try:
-                live = await self._run(self._open_as_of, node, shown)
-            except ShardfsError as e:
-                raise await self._failed(inode, node.path, e, shown) from None
-            self._readers.put(inode, live)
+        self.requests["read"] += 1  # `_errors`, inline
+        if self.debug:
+            log.debug("read%r", (fh, off, size))
         try:
-            data = await live.read(self._run, off, size)
-        except CorruptData:
-            raise  # the reader answers the kernel's retries with it, logged once
-        except ShardfsError as e:
-            self._readers.drop(inode)
-            raise await self._failed(inode, live.path, e, live.shown) from None
-        if off + len(data) >= live.size or not data:
-            self._readers.drop(inode)  # the pass is over: the kernel holds what it read
-        return data
+            if self.versions is None:
+                return await self._run(self._handles[fh].read, off, size)
+            inode = fh
+            live = self._readers.get(inode)
+            if live is not None:
+                self._readers.move_to_end(inode)
+            else:
+                node = None
+                shown = self.versions.own(inode)  # the common case, known without the node
+                if shown is not None:
+                    extent = shown.extent
+                else:
+                    node = self._node(inode)
+                    directory = node.path.rpartition("/")[0]
+                    shown = self.versions.latest(inode, directory)
+                    extent = self._extent(node, directory, shown)
+                if extent is not None and off + size >= extent.length:
+                    # A read to the end of a file its show located: from the kept version
+                    # at once, with no reader (no pass to keep going, see `_shown`).
+                    if off >= extent.length:
+                        return b""
+                    try:  # `_run`, inline: one coroutine less per chunk file
+                        data = attempt(self.versions.read_kept, extent, off, size)
+                    except WouldBlock:
+                        data = await self._thread(self.versions.read_kept, extent, off, size)
+                    if data is not None:
+                        return data
+                    data = self.view.cached_chunk(extent)  # a store that keeps no versions (S3)
+                    if data is not None:
+                        return data[off : off + size]
+                if node is None:
+                    node = self._node(inode)
+                try:
+                    live = await self._run(self._open_as_of, node, shown)
+                except ShardfsError as e:
+                    raise await self._failed(inode, node.path, e, shown) from None
+                self._readers.put(inode, live)
+            try:
+                data = await live.read(self._run, off, size)
+            except CorruptData:
+                raise  # the reader answers the kernel's retries with it, logged once
+            except ShardfsError as e:
+                self._readers.drop(inode)
+                raise await self._failed(inode, live.path, e, live.shown) from None
+            if off + len(data) >= live.size or not data:
+                self._readers.drop(inode)  # the pass is over: the kernel holds what it read
+            return data
+        except Exception as e:
+            raise _fuse_error(self, "read", (fh, off, size), e) from None
 
     def _extent(self, node: Node, directory: str, shown: Shown | None) -> Extent | None:
         """Where the bytes of `node` (an entry of `directory`) are stored as `shown`, the
