@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from shardfs.formats.shard_index import EMPTY
 from shardfs.primitives.blocking import WouldBlock, nonblocking
 from shardfs.storage import LocalStorage, Stat
 from shardfs.storage.base import Pin
+from shardfs.view import readahead
 from shardfs.view.readahead import AHEAD, WALKED, HasExtents, ReadAhead
 
 KIB = 1 << 10
@@ -262,6 +264,34 @@ def test_a_hit_serves_a_chunk_as_a_read_would_once_a_read_came_by(tmp_path: Path
         time.sleep(0.01)
     s1 = tables["s1"].stat.version
     assert ahead.hit("s1", s1, *entries[0]) is None, "fetched ahead, but no read came by"
+
+
+def test_prefetch_threads_end_when_idle_and_come_back_for_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(readahead, "WORKER_IDLE", 0.2)
+    tables = {}
+    for name in ("s0", "s1", "s2"):
+        storage, tables[name], entries = shard(tmp_path, [300 * KIB] * 4, name=name)
+    ahead = ReadAhead(storage, 64 << 20)
+
+    def next_shard(n: int):
+        name = f"s{n}"
+        return (name, tables[name]) if name in tables else None
+
+    def workers() -> int:
+        return sum(t.name == "shardfs-prefetch" and t.is_alive() for t in threading.enumerate())
+
+    before = workers()
+    for walked in ("s0", "s1"):
+        pin = Pin(storage, walked, tables[walked].stat)
+        for i in (0, 3):  # a walk: its next shard is fetched ahead
+            ahead.read(pin, tables[walked], *entries[i], next_shard)
+        deadline = time.monotonic() + 10
+        while workers() > before or f"s{int(walked[1]) + 1}" not in storage.keys:
+            assert time.monotonic() < deadline, (workers(), storage.keys)
+            time.sleep(0.05)
+        assert ahead._workers == 0
 
 
 def test_a_failed_prefetch_leaves_reads_alone(tmp_path: Path) -> None:

@@ -70,6 +70,8 @@ AHEAD = 4
 #: ... looked for among the next LOOKAHEAD (a row of chunks may cross that many shards,
 #: all walked at once).
 LOOKAHEAD = 16
+#: Seconds a prefetch thread waits for work before it ends.
+WORKER_IDLE = 30.0
 #: What a shard version has seen: one fetch; a reader walking it; its walker's next shard asked for.
 FETCHED, WALKED, NEXT_ASKED = 1, 2, 3
 
@@ -279,9 +281,9 @@ class ReadAhead:
                 self._start_worker()
 
     def _start_worker(self) -> None:
-        """One more prefetch thread, until there are `PREFETCHES`: they are kept, since
-        starting a thread makes its starter wait until it runs, and the starter is often
-        the event loop."""
+        """One more prefetch thread, until there are `PREFETCHES`: they are kept while
+        there is work (up to `WORKER_IDLE` seconds without), since starting a thread
+        makes its starter wait until it runs, and the starter is often the event loop."""
         with self._lock:
             if self._workers >= PREFETCHES:
                 return
@@ -290,7 +292,15 @@ class ReadAhead:
 
     def _work(self) -> None:
         while True:
-            self._prefetch(*self._jobs.get())
+            try:
+                job = self._jobs.get(timeout=WORKER_IDLE)
+            except queue.Empty:
+                with self._lock:  # a job put meanwhile is taken, or finds one worker fewer
+                    if self._jobs.empty():
+                        self._workers -= 1
+                        return
+                continue
+            self._prefetch(*job)
 
     def settle(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the prefetches in flight: at the end of a mount,
