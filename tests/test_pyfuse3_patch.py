@@ -1,9 +1,11 @@
-"""The patched pyfuse3 (patches/pyfuse3-3.5.0-inode-as-fh.patch) that scripts/setup builds.
+"""The patched pyfuse3 (patches/pyfuse3-3.5.0-*.patch) that scripts/setup builds.
 
 A filesystem that answers open and opendir with ENOSYS lets the kernel serve repeated reads and
 listings from its caches, but then sends fh 0; only the patched build tells the read and readdir
 handlers which inode that is. This runs a tiny pyfuse3 daemon (this file, run as a script) in
 that mode and reads its request counts, which it reports as the root's `user.requests` xattr.
+The build also asks the kernel for parallel lookups in one directory, which libfuse 3.14 never
+does (see patches/README.md).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -43,6 +47,10 @@ def serve(mountpoint: str) -> None:
             entry.st_size = len(FILES[inode])
         return entry
 
+    #: lookups of "pair*" names under way, and the most at once
+    pairs = {"now": 0, "most": 0}
+    together = trio.Event()
+
     class Operations(pyfuse3.Operations):
         async def getattr(self, inode, ctx=None):
             counts["getattr"] += 1
@@ -50,6 +58,16 @@ def serve(mountpoint: str) -> None:
 
         async def lookup(self, parent, name, ctx=None):
             counts["lookup"] += 1
+            if name.startswith(b"pair"):  # waits (up to 5 s) until another pair* lookup comes
+                pairs["now"] += 1
+                pairs["most"] = max(pairs["most"], pairs["now"])
+                if pairs["now"] >= 2:
+                    together.set()
+                with trio.move_on_after(5):
+                    await together.wait()
+                pairs["now"] -= 1
+                counts["pairs_most"] = pairs["most"]
+                raise pyfuse3.FUSEError(errno.ENOENT)
             inode = int(name[1:]) + 2 if name[:1] == b"f" and name[1:].isdigit() else 0
             if parent != pyfuse3.ROOT_INODE or inode not in FILES:
                 raise pyfuse3.FUSEError(errno.ENOENT)
@@ -107,9 +125,35 @@ def serve(mountpoint: str) -> None:
 def test_installed_pyfuse3_is_patched() -> None:
     import pyfuse3
 
-    assert getattr(pyfuse3, "SHARDFS_INODE_AS_FH", False) is True, (
-        f"pyfuse3 {pyfuse3.__version__} is a stock build: run scripts/setup"
+    for flag in ("SHARDFS_INODE_AS_FH", "SHARDFS_PARALLEL_DIROPS"):
+        assert getattr(pyfuse3, flag, False) is True, (
+            f"pyfuse3 {pyfuse3.__version__} lacks {flag}: run scripts/setup"
+        )
+
+
+@pytest.mark.fuse
+def test_lookups_in_one_directory_run_at_once(tmp_path: Path) -> None:
+    """libfuse 3.14 wants FUSE_CAP_PARALLEL_DIROPS but never tells the kernel, which then
+    serialises the lookups of one directory: a lookup that waits (an index read from S3)
+    holds up every other in the directory. Each of two lookups here waits for the other."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    daemon = subprocess.Popen(
+        [sys.executable, __file__, str(mountpoint)], stdout=subprocess.PIPE, text=True
     )
+    try:
+        assert daemon.stdout is not None
+        assert daemon.stdout.readline() == "ready\n", "the daemon did not mount"
+        start = time.monotonic()
+        with ThreadPoolExecutor(2) as pool:
+            found = list(pool.map(os.path.exists, [mountpoint / "pair0", mountpoint / "pair1"]))
+        elapsed = time.monotonic() - start
+        report = json.loads(os.getxattr(mountpoint, "user.requests"))
+        assert found == [False, False]
+        assert report["counts"]["pairs_most"] == 2, report
+        assert elapsed < 4, f"{elapsed:.1f} s: one lookup waited alone"
+    finally:
+        _unmount(mountpoint, daemon)
 
 
 @pytest.mark.fuse
@@ -162,13 +206,17 @@ def test_no_open_mode_reads_and_lists_from_the_kernel_caches(tmp_path: Path) -> 
         assert sorted(os.listdir(mountpoint)) == names
         assert requests()[0] == {}
     finally:
-        subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, check=False)
-        try:
-            daemon.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
-            daemon.kill()
-            daemon.wait(timeout=10)
+        _unmount(mountpoint, daemon)
+
+
+def _unmount(mountpoint: Path, daemon: subprocess.Popen[str]) -> None:
+    subprocess.run(["fusermount3", "-u", str(mountpoint)], capture_output=True, check=False)
+    try:
+        daemon.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+        daemon.kill()
+        daemon.wait(timeout=10)
 
 
 if __name__ == "__main__":
