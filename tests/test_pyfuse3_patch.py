@@ -25,6 +25,8 @@ import pytest
 
 #: inode -> contents of the daemon's files, named "f0", "f1", ... in the root (inode 1)
 FILES = {inode: (b"%d" % inode) * 1000 for inode in range(2, 6)}
+#: a directory "d" in the root, where lookups of "pair*" names wait for each other
+SUBDIR = 100
 
 
 def serve(mountpoint: str) -> None:
@@ -40,7 +42,7 @@ def serve(mountpoint: str) -> None:
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = inode
         entry.entry_timeout = entry.attr_timeout = 300
-        if inode == pyfuse3.ROOT_INODE:
+        if inode in (pyfuse3.ROOT_INODE, SUBDIR):
             entry.st_mode, entry.st_nlink = stat.S_IFDIR | 0o555, 2
         else:
             entry.st_mode, entry.st_nlink = stat.S_IFREG | 0o444, 1
@@ -58,7 +60,9 @@ def serve(mountpoint: str) -> None:
 
         async def lookup(self, parent, name, ctx=None):
             counts["lookup"] += 1
-            if name.startswith(b"pair"):  # waits (up to 5 s) until another pair* lookup comes
+            if parent == pyfuse3.ROOT_INODE and name == b"d":
+                return attributes(SUBDIR)
+            if parent == SUBDIR and name.startswith(b"pair"):  # waits up to 5 s for another
                 pairs["now"] += 1
                 pairs["most"] = max(pairs["most"], pairs["now"])
                 if pairs["now"] >= 2:
@@ -135,7 +139,9 @@ def test_installed_pyfuse3_is_patched() -> None:
 def test_lookups_in_one_directory_run_at_once(tmp_path: Path) -> None:
     """libfuse 3.14 wants FUSE_CAP_PARALLEL_DIROPS but never tells the kernel, which then
     serialises the lookups of one directory: a lookup that waits (an index read from S3)
-    holds up every other in the directory. Each of two lookups here waits for the other."""
+    holds up every other in the directory. Each of two lookups here waits for the other.
+    (In a subdirectory: on this kernel, 6.18, the lookups of a mount's root directory stay
+    one at a time even with the flag; chunk files are never there.)"""
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
     daemon = subprocess.Popen(
@@ -144,9 +150,11 @@ def test_lookups_in_one_directory_run_at_once(tmp_path: Path) -> None:
     try:
         assert daemon.stdout is not None
         assert daemon.stdout.readline() == "ready\n", "the daemon did not mount"
+        subdir = mountpoint / "d"
+        assert subdir.is_dir()
         start = time.monotonic()
         with ThreadPoolExecutor(2) as pool:
-            found = list(pool.map(os.path.exists, [mountpoint / "pair0", mountpoint / "pair1"]))
+            found = list(pool.map(os.path.exists, [subdir / "pair0", subdir / "pair1"]))
         elapsed = time.monotonic() - start
         report = json.loads(os.getxattr(mountpoint, "user.requests"))
         assert found == [False, False]
