@@ -187,10 +187,6 @@ class ReadAhead:
         key, version = pin.key, table.stat.version
         walk: Walk = (key, version, table.part)
         wanted: ChunkKey = (key, version, offset, nbytes)
-        with self._lock:
-            if len(self._next) >= TRACKED_SHARDS:
-                self._next.clear()
-            self._next[walk] = next_shard
         while True:
             data = self.cache.peek(wanted)
             if data is not None:
@@ -206,6 +202,7 @@ class ReadAhead:
             with self._lock:
                 waiting = self._pending.get(wanted)
                 if waiting is None:
+                    self._remember(walk, next_shard)
                     state = self._seen.get(walk, 0)  # (a walker's next asked for stays so)
                     self._note(walk, state + 1 if state < WALKED else state)
                     plan = self._plan(key, table, offset, nbytes, span, walked=state > 0)
@@ -239,9 +236,17 @@ class ReadAhead:
         """A chunk of `walk` was found in the cache: it was fetched with another, or ahead,
         so a reader walks it."""
         with self._lock:
+            self._remember(walk, next_shard)
             if self._seen.get(walk, FETCHED) == FETCHED:
                 self._note(walk, WALKED)
         self._ask_next(walk, next_shard)
+
+    def _remember(self, walk: Walk, next_shard: NextShard | None) -> None:
+        """Note where the walker of `walk`, which a read came by, goes next (for `hit`).
+        Under the lock."""
+        if walk not in self._next and len(self._next) >= TRACKED_SHARDS:
+            self._next.clear()
+        self._next[walk] = next_shard
 
     def cached(self, key: str, version: Hashable, offset: int, nbytes: int) -> bytes | None:
         """The chunk at `offset` of version `version` of shard `key` if the cache has it,
@@ -396,7 +401,8 @@ class ReadAhead:
                 self._note(shard, WALKED)
                 return True
             plan = self._plan(key, table, first[2], first[3], span, walked=True)
-            size = _span(plan)
+            start, end = _range(plan)
+            size = end - start
             if self._ahead_bytes + size > self.cache.budget // 2:
                 return True  # no room ahead: a walker that gets there fetches it
             self._note(shard, WALKED)  # its first reader will be walking it
@@ -413,8 +419,7 @@ class ReadAhead:
 
     def _fetch(self, wanted: ChunkKey, plan: list[ChunkKey], future: Future[None]) -> bytes:
         key, version, _, _ = wanted
-        start = min(offset for _, _, offset, _ in plan)
-        end = start + _span(plan)
+        start, end = _range(plan)
         try:
             data = self.storage.read(key, start, end - start, version)
             with self._lock:  # counted under the lock: fetches run in many threads
@@ -431,7 +436,7 @@ class ReadAhead:
             future.set_result(None)
 
 
-def _span(plan: list[ChunkKey]) -> int:
-    """The bytes one ranged read of the chunks of `plan` takes."""
+def _range(plan: list[ChunkKey]) -> tuple[int, int]:
+    """The bytes [start, end) of the shard that one ranged read of the chunks of `plan` takes."""
     start = min(offset for _, _, offset, _ in plan)
-    return max(offset + size for _, _, offset, size in plan) - start
+    return start, max(offset + size for _, _, offset, size in plan)
