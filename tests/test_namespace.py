@@ -368,3 +368,68 @@ def test_lookups_in_a_chunk_directory_seen_before_answer_as_a_fresh_view_does(
     )
     write("flat", np.s_[:], 2, shape=(6, 6), chunks=(3, 3))
     compare()
+
+
+def _listed_chunks(ns: Namespace, path: str) -> dict[tuple[int, ...], int]:
+    """Every chunk file listed below array directory `path`: its coordinates (from its
+    path) and its listed size, checked against what a lookup of it answers."""
+    found: dict[tuple[int, ...], int] = {}
+    for name, child, attr in ns.listdir(ns.resolve(path)):
+        if child.is_dir:
+            for coords, size in _listed_chunks(ns, child.path).items():
+                found[(int(name), *coords)] = size
+        elif name not in ("zarr.json", ".zarray", ".zattrs"):
+            assert ns.attr(ns.resolve(child.path)).size == attr.size, child.path
+            found[tuple(int(part) for part in name.split("."))] = attr.size
+    return found
+
+
+@pytest.mark.parametrize("view", [View.V3, View.V2])
+def test_listings_show_exactly_the_chunks_stored(tmp_path: Path, view: View) -> None:
+    """The deepest chunk directories are listed from rows kept per shard version
+    (`DirRows`): every chunk zarr-python stored, and no other, at the size a lookup
+    gives, in shards cut short by the grid's edge and with chunks missing; again after
+    the array is rewritten behind the view; and, once it is shrunk, none of the chunks
+    its shards still hold beyond the new edge."""
+    root = tmp_path / "src"
+    group = zarr.open_group(root, mode="w")
+    rng = np.random.default_rng(1)
+    layouts = {
+        "one": dict(shape=(21,), chunks=(2,), shards=(8,)),
+        "three": dict(shape=(5, 7, 9), chunks=(2, 2, 2), shards=(4, 4, 4)),
+    }
+
+    def write(name: str, keep: float) -> set[tuple[int, ...]]:
+        """Store a random part of the chunks of array `name` (the rest stay empty)."""
+        layout = layouts[name]
+        a = group.create_array(name, dtype="uint16", overwrite=True, **layout)
+        grid = tuple(-(-s // c) for s, c in zip(layout["shape"], layout["chunks"], strict=True))
+        stored = {c for c in np.ndindex(grid) if rng.random() < keep}
+        for coords in stored:
+            region = tuple(
+                slice(i * c, (i + 1) * c) for i, c in zip(coords, layout["chunks"], strict=True)
+            )
+            a[region] = rng.integers(1, 60000, a[region].shape, dtype="uint16")
+        return stored
+
+    def check(expected: dict[str, set[tuple[int, ...]]]) -> None:
+        for name, stored in expected.items():
+            listed = _listed_chunks(ns, f"{name}/c" if view is View.V3 else name)
+            assert set(listed) == stored, name
+            assert all(size > 0 for size in listed.values())
+
+    ns = Namespace(LocalStorage(root), view=view)
+    for keep in (0.6, 0.3, 1.0):
+        expected = {name: write(name, keep) for name in layouts}
+        check(expected)
+    # Shrunk: zarr-python keeps the shards across the new edge as they are, with the
+    # chunks beyond it.
+    grids = {"one": (7,), "three": (2, 3, 4)}
+    group["one"].resize((13,))
+    group["three"].resize((3, 5, 7))
+    check(
+        {
+            name: {c for c in stored if all(i < g for i, g in zip(c, grids[name], strict=True))}
+            for name, stored in expected.items()
+        }
+    )

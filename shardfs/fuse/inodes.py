@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pyfuse3
 
 from shardfs.view import Node, Role
@@ -101,10 +100,7 @@ class InodeTable:
         slot = self._slot(run.array)
         if slot is None:
             return None
-        grid = run.array.layout.grid
-        coords = run.coords[start:stop]
-        index = np.ravel_multi_index(coords.T, grid) if grid else np.zeros(len(coords), np.int64)
-        numbers = (index + ((slot + 1) << SHIFT)).tolist()
+        numbers = (run.flat[start:stop] + ((slot + 1) << SHIFT)).tolist()
         if self._claimed and not self._claimed.isdisjoint(numbers):
             return None
         return numbers

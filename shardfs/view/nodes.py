@@ -248,8 +248,9 @@ class ChunkRun:
         return Node(join(self.directory, name), Role.CHUNK, self.array, coords)
 
     @functools.cached_property
-    def _flat(self) -> np.ndarray:
-        """Each row's position in C order of the grid (ascending: rows are in grid order)."""
+    def flat(self) -> np.ndarray:
+        """Each row's position in C order of the grid (ascending: rows are in grid order):
+        where a chunk is looked up in the run, and its derived inode number."""
         grid = self.array.layout.grid
         if not grid:
             return np.zeros(len(self.coords), np.int64)
@@ -263,8 +264,8 @@ class ChunkRun:
         flat = 0
         for coord, size in zip(coords, self.array.layout.grid, strict=True):
             flat = flat * size + coord
-        i = int(np.searchsorted(self._flat, flat))
-        if i == len(self._flat) or self._flat[i] != flat:
+        i = int(np.searchsorted(self.flat, flat))
+        if i == len(self.flat) or self.flat[i] != flat:
             return None
         key, stat = self.shards[int(self.shard[i])]
         offset, nbytes = self.extents[i].tolist()

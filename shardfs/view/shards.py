@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 
 import crc32c
 import numpy as np
@@ -31,6 +32,45 @@ EMPTY_NBYTES = int(EMPTY)
 SHARD_KEYS_KEPT = 4096
 
 Entries = list[tuple[str, Node, Attr]]
+
+
+@dataclass(frozen=True, eq=False)
+class DirRows:
+    """The non-empty chunks of one shard version, grouped by the deepest chunk directory
+    that lists them (the chunks that share every coordinate but the last). Made once per
+    shard version, with a few operations over its whole index: a listing then takes a
+    directory's rows of each shard with two slices, where searching the index for them
+    took a dozen array operations per directory and shard (docs/design.md)."""
+
+    #: the rows of directory d (its coordinates in the shard, in C order) are
+    #: [bounds[d], bounds[d + 1])
+    bounds: np.ndarray
+    #: each row's grid coordinate along the last axis, and where it is stored
+    last: np.ndarray
+    extents: np.ndarray
+
+    @classmethod
+    def of(cls, table: ShardTable, origin: int, end: int) -> DirRows:
+        """The rows of `table`, a shard whose chunks start at grid coordinate `origin` along
+        the last axis; those at `end` or past it (outside the grid) are left out."""
+        cps = table.entries.shape[:-1]
+        flat = table.entries.reshape(-1, 2)
+        used = np.flatnonzero(flat[:, 1] != EMPTY)
+        last = used % cps[-1] + origin
+        inside = last < end
+        used, last = used[inside], last[inside]
+        bounds = np.searchsorted(used // cps[-1], np.arange(math.prod(cps[:-1]) + 1))
+        return cls(bounds, last, flat[used].astype(np.int64))
+
+    @property
+    def cost(self) -> int:
+        return self.bounds.nbytes + self.last.nbytes + self.extents.nbytes + 256
+
+
+def _listing_cost(value: list[ChunkRun] | DirRows) -> int:
+    if isinstance(value, DirRows):
+        return value.cost
+    return sum(run.cost for run in value) + 256
 
 
 def listed(storage: Storage, key: str) -> list[Entry]:
@@ -52,10 +92,9 @@ class Shards:
         self.indexes: LruCache[ShardTable] = LruCache(
             index_cache, lambda t: t.cost, cache_errors=(CorruptData,)
         )
-        #: The chunk runs of directory listings (see `runs`).
-        self.listings: LruCache[list[ChunkRun]] = LruCache(
-            listing_cache, lambda runs: sum(run.cost for run in runs) + 256
-        )
+        #: The chunk runs of directory listings (see `runs`), and the `DirRows` of the
+        #: shard versions they are made from.
+        self.listings: LruCache[list[ChunkRun] | DirRows] = LruCache(listing_cache, _listing_cost)
         self._keys: dict[tuple[str, str, str, tuple[int, ...]], str] = {}
 
     def key(self, array: ArrayView, shard: tuple[int, ...]) -> str:
@@ -162,7 +201,7 @@ class Shards:
                 self.storage,
                 key,
                 stat,
-                lambda: self._fill(array, pin, 0, 0, end, np.arange(count), entries),
+                lambda: self._fill(array, pin, 0, 0, end, None, entries),
             )
         finally:
             pin.close()
@@ -175,11 +214,12 @@ class Shards:
         level: int,
         start: int,
         length: int,
-        rows: np.ndarray,
+        rows: np.ndarray | None,
         out: np.ndarray,
     ) -> bytes:
-        """Resolve the view chunks `rows` through the shard (or nested shard) at
-        [start, start+length) of `pin`'s version; returns the index read there."""
+        """Resolve the view chunks `rows` (None: all of them, the outermost shard)
+        through the shard (or nested shard) at [start, start+length) of `pin`'s version;
+        returns the index read there."""
         spec = array.layout.levels[level]
         at = start + spec.index_offset(length)
         if level == 0 and not spec.index_at_start and length == pin.stat.size:
@@ -187,13 +227,19 @@ class Shards:
         else:
             raw = pin.read_prefix(at, spec.index_size)
         index = spec.decode_index(raw, length)
-        slots = array.slots[level][rows]
+        slots = array.slots[level] if rows is None else array.slots[level][rows]
         picked = index[slots]
         used = picked[:, 1] != EMPTY
-        picked[used, 0] += np.uint64(start)
+        if start:
+            picked[used, 0] += np.uint64(start)
         if level + 1 == len(array.layout.levels):
-            out[rows] = picked
+            if rows is None:
+                out[:] = picked  # (indexing with every row costs several times more)
+            else:
+                out[rows] = picked
             return raw
+        if rows is None:
+            rows = np.arange(len(out))
         out[rows[~used]] = EMPTY
         for slot in np.unique(slots[used]):
             offset, nbytes = (int(v) for v in index[slot])
@@ -322,7 +368,9 @@ class Shards:
         cache under the versions of the metadata and of every shard it is made from."""
         versions = tuple((shard, stat.version) for shard, stat in shards)
         key = (path, array.metadata.version, versions)
-        return self.listings.get(key, lambda: self._make_runs(array, path, shards, prefix))
+        runs = self.listings.get(key, lambda: self._make_runs(array, path, shards, prefix))
+        assert isinstance(runs, list)
+        return runs
 
     def _make_runs(
         self, array: ArrayView, path: str, shards: list, prefix: tuple
@@ -337,6 +385,9 @@ class Shards:
                 found.append((shard, table))
         if not found:
             return []
+        keys = [(self.key(array, shard), table.stat) for shard, table in found]
+        if len(prefix) == layout.ndim - 1:
+            return self._deepest_runs(array, path, found, keys, prefix)
         extents = np.stack([table.entries[local] for _, table in found])
         hits = np.argwhere(extents[..., 1] != EMPTY)
         which = hits[:, 0].astype(np.int32)
@@ -348,6 +399,43 @@ class Shards:
         extents = extents[tuple(hits[keep].T)].astype(np.int64)
         if not len(extents):
             return []
-        keys = [(self.key(array, shard), table.stat) for shard, table in found]
         sizes = array.served_sizes(extents[:, 1])
         return [ChunkRun(array, path, keys, which[keep], coords[keep], extents, sizes)]
+
+    def _deepest_runs(
+        self,
+        array: ArrayView,
+        path: str,
+        found: list[tuple[tuple[int, ...], ShardTable]],
+        keys: list[tuple[str, Stat]],
+        prefix: tuple[int, ...],
+    ) -> list[ChunkRun]:
+        """`_make_runs` of a directory that lists chunk files only, from the `DirRows` of
+        its shards `found`."""
+        layout = array.layout
+        cps = layout.chunks_per_shard
+        d = 0  # the directory's place among those of a shard, in C order
+        for i, n in zip(prefix, cps, strict=False):
+            d = d * n + i % n
+        which, parts = [], []
+        for i, ((shard, table), (key, _)) in enumerate(zip(found, keys, strict=True)):
+            memo = ("rows", key, table.stat.version, table.end, layout.grid[-1])
+            origin = shard[-1] * cps[-1]
+            rows = self.listings.get(
+                memo, lambda t=table, o=origin: DirRows.of(t, o, layout.grid[-1])
+            )
+            assert isinstance(rows, DirRows)
+            lo, hi = rows.bounds[d : d + 2].tolist()
+            if lo < hi:
+                which.append(i)
+                parts.append((rows, lo, hi))
+        if not parts:
+            return []
+        counts = [hi - lo for _, lo, hi in parts]
+        coords = np.empty((sum(counts), layout.ndim), dtype=np.int64)
+        coords[:, :-1] = prefix
+        coords[:, -1] = np.concatenate([rows.last[lo:hi] for rows, lo, hi in parts])
+        extents = np.concatenate([rows.extents[lo:hi] for rows, lo, hi in parts])
+        shard = np.repeat(np.array(which, dtype=np.int32), counts)
+        sizes = array.served_sizes(extents[:, 1])
+        return [ChunkRun(array, path, keys, shard, coords, extents, sizes)]
