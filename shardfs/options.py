@@ -116,7 +116,7 @@ TABLE: tuple[tuple[str, str], ...] = (
         "`listing_cache=SIZE`",
         (
             "budget for the chunk files of directory listings, kept under the versions of the "
-            "shards they come from (default 64M; about 40 bytes per chunk listed, 24 per chunk of "
+            "shards they come from (default 64M; about 70 bytes per chunk listed, 24 per chunk of "
             "the shards listed from)"
         ),
     ),

@@ -219,9 +219,10 @@ class ChunkRun:
 
     @property
     def cost(self) -> int:
-        """Bytes held (`sizes` may be a view of `extents`)."""
+        """Bytes held (`sizes` may be a view of `extents`), with the grid positions (`flat`)
+        that a listing computes."""
         arrays = (self.shard, self.coords, self.extents, self.sizes)
-        return sum(a.nbytes for a in arrays) + 100 * len(self.shards) + 256
+        return sum(a.nbytes for a in arrays) + 8 * len(self) + 100 * len(self.shards) + 256
 
     @functools.cached_property
     def _shard_mtimes(self) -> list[int]:
