@@ -160,3 +160,49 @@ def test_listings_are_cached_under_the_versions_of_their_shards(tmp_path: Path) 
     sizes = dict(zip(again.names(), again.sizes.tolist(), strict=True))
     assert sizes["2"] == ns.attr(ns.resolve("a/c/0/2")).size
     assert sizes["2"] != dict(zip(first.names(), first.sizes.tolist(), strict=True))["2"]
+
+
+def test_a_versioned_table_names_one_version_per_number(ns: Namespace, tmp_path: Path) -> None:
+    """Kernel-served numbering: a chunk's number stands for its shard's version. A shard
+    rewritten gives its chunks new numbers (the others keep theirs), the old numbers
+    still name the old version, and a version's numbers are let go (and their slot given
+    to the next version) once the kernel forgets the last of them, but not before."""
+    table = InodeTable(ns.root(), versioned=True)
+    node = ns.lookup(ns.resolve("a/c/0"), "0")
+    attr = ns.attr(node)
+    assert attr.shard is not None and attr.shard[0] == "a/c/0/0"
+    first = table.assign(node, attr.shard)
+    table.ref(first)
+    listing = ns.listing(ns.resolve("a/c/0"))
+    run = listing.runs[0]
+    numbers = table.run_inodes(run, 0, len(run))
+    assert numbers is not None and numbers[0] == first
+    other = numbers[-1]  # chunk (0, 8), in shard (0, 2)
+    table.ref_run(numbers)
+
+    a = zarr.open_array(tmp_path / "src" / "a", mode="r+")
+    a[0:2, 0:2] = 99  # zarr-python rewrites shard (0, 0) only
+    node = ns.lookup(ns.resolve("a/c/0"), "0")
+    attr = ns.attr(node)
+    second = table.assign(node, attr.shard)
+    assert second != first and second & ((1 << SHIFT) - 1) == first & ((1 << SHIFT) - 1)
+    run = ns.listing(ns.resolve("a/c/0")).runs[0]
+    again = table.run_inodes(run, 0, len(run))
+    assert again is not None and again[0] == second and again[-1] == other
+    slot = table.slot(first)
+    assert slot is not None and slot.shown is not None
+    assert slot.shown.stats["a/c/0/0"] != attr.shard[1]  # the old shard's version
+
+    table.forget(first, 1)  # the lookup's reference; the listing's are still held
+    assert table.slot(first) is slot
+    listed = [n for n in numbers if n >> SHIFT == first >> SHIFT]
+    assert len(listed) == 4  # the row's chunks in shard (0, 0)
+    for n in listed:
+        assert table.slot(first) is slot
+        table.forget(n, 1)
+    assert table.slot(first) is None  # let go
+    with pytest.raises(KeyError):
+        table.node(first)
+    table.ref(second)
+    third = table.slot(second)
+    assert third is not None and table.holds({(second >> SHIFT) - 1: third})

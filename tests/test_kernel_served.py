@@ -11,6 +11,7 @@ shows through the mount within `cache_timeout`.
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numcodecs
 import numpy as np
 import pytest
 import zarr
@@ -260,7 +262,8 @@ def test_a_listing_during_a_pass_keeps_the_size_of_the_version_read(
 ) -> None:
     """A pass over a chunk file during which its shard is replaced by one with a smaller
     chunk, and its directory listed (readdirplus hands the kernel every file's size):
-    the pass still gives the old version whole, not cut at the new size."""
+    the pass still gives the old version whole, not cut at the new size. The listing
+    showed the new version under a node id of its own, which the path now names."""
     source, n = tmp_path / "src", 1 << 18
     array = zarr.create_array(source, shape=(2 * n,), chunks=(n,), shards=(2 * n,), dtype="int32")
     array[...] = np.random.default_rng(2).integers(0, 2**31, 2 * n, dtype="int32")
@@ -279,7 +282,7 @@ def test_a_listing_during_a_pass_keeps_the_size_of_the_version_read(
     os.close(fd)
     data = one_pass(path, meanwhile)
     assert len(data) == size and data == expected
-    assert os.stat(path).st_size == size
+    assert os.stat(path).st_size < size
     assert "ERROR" not in mounted.log(), mounted.log()
 
 
@@ -341,3 +344,34 @@ def test_without_kernel_serving_a_file_shown_then_replaced_is_read_whole(
     assert len(new) > len(old) == os.stat(path).st_size  # the kernel holds the old size
     assert path.read_bytes() == new
     assert "ERROR" not in mounted.log(), mounted.log()
+
+
+def test_a_chunk_whose_version_is_gone_fails_once_then_reads_the_new_version(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    """A chunk file's node id names its version: once that version is gone (its shard
+    rewritten in place at another size, so no kept descriptor holds it), a read of the
+    name the kernel holds fails with EIO, and the kernel is told to drop the name, so the
+    next open looks it up again and reads the version there now, whole."""
+    source = tmp_path / "src"
+    array = zarr.create_array(source, shape=(64,), chunks=(8,), shards=(32,), dtype="int32")
+    array[...] = 5  # compresses well: the rewrite below has bigger chunks
+    mounted = mount(source, "ro")
+    path = mounted.path / "c" / "1"
+    old_size = os.stat(path).st_size  # a lookup: the kernel holds this version's node id
+    other = tmp_path / "other"
+    zarr.create_array(other, shape=(64,), chunks=(8,), shards=(32,), dtype="int32")[...] = (
+        np.random.default_rng(3).integers(0, 2**31, 64, dtype="int32")
+    )
+    new = (other / "c" / "0").read_bytes()
+    with open(source / "c" / "0", "r+b") as shard:  # in place: the same inode
+        shard.write(new)
+        shard.truncate(len(new))
+    with pytest.raises(OSError) as failed:
+        path.read_bytes()
+    assert failed.value.errno == errno.EIO
+    data = path.read_bytes()
+    stored = zarr.open_array(other, mode="r")
+    assert len(data) != old_size and len(data) == os.stat(path).st_size
+    assert np.frombuffer(numcodecs.Zstd().decode(data), "int32").tolist() == stored[8:16].tolist()
+    assert mounted.log().count("changed after the kernel was given its size") == 1

@@ -28,7 +28,7 @@ import pyfuse3
 import trio
 
 from shardfs.checksum.digests import ChunkDigests
-from shardfs.fuse.inodes import InodeTable
+from shardfs.fuse.inodes import InodeTable, Slot
 from shardfs.primitives.blocking import WouldBlock, attempt
 from shardfs.primitives.errors import (
     AlreadyExists,
@@ -105,20 +105,24 @@ class _Window:
     sizes: list[int]
     blocks: list[int]
     mtimes: list[int]
+    #: the slots those numbers are made from (see `InodeTable.holds`)
+    slots: dict[int, Slot]
 
     @classmethod
     def of(cls, run: ChunkRun, row: int, inodes: InodeTable) -> _Window:
         stop = min(row + WINDOW, len(run))
         sizes = run.sizes[row:stop]
+        inos = inodes.run_inodes(run, row, stop)
         return cls(
             run,
             row,
             stop,
             [name.encode() for name in run.names(row, stop)],
-            inodes.run_inodes(run, row, stop),
+            inos,
             sizes.tolist(),
             ((sizes + 511) // 512).tolist(),
             run.mtimes(row, stop),
+            inodes.slots_of(run) if inos is not None else {},
         )
 
 
@@ -210,6 +214,10 @@ INODE_AS_FH: bool = getattr(pyfuse3, "SHARDFS_INODE_AS_FH", False)
 INODE_READERS = 256
 #: Listings a kernel-served mount keeps while the kernel reads them, one per directory.
 INODE_LISTINGS = 64
+#: Where the chunk files a kernel-served mount's lookups located are stored (about 200
+#: bytes each), by node id: the read of such a file needs no reader. A node id names one
+#: version (see `InodeTable`), so a location, once known, never goes stale.
+EXTENTS_KEPT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -301,7 +309,7 @@ class Operations(pyfuse3.Operations):
         self.view = view
         self.writes = view.writes
         self.config = config
-        self.inodes = InodeTable(view.root(), config.inodes)
+        self.inodes = InodeTable(view.root(), config.inodes, versioned=config.kernel_served)
         self._timeout = config.cache_timeout  # (a property: asked at every entry)
         self._limiter = trio.CapacityLimiter(config.workers)
         self._handles: dict[int, OpenFile] = {}
@@ -330,9 +338,10 @@ class Operations(pyfuse3.Operations):
         self._listed: _ByInode[str, tuple[Shown, Listing]] = _ByInode(
             INODE_LISTINGS, lambda *_: None
         )
-        #: By inode, the chunk directories looked in (see `lookup`), with the inode number of
-        #: their array's first chunk
-        self._leaves: dict[int, tuple[ChunkDirectory, int]] = {}
+        #: By inode, the chunk directories looked in (see `lookup`)
+        self._leaves: dict[int, ChunkDirectory] = {}
+        #: By node id, where the chunk files that lookups located are stored
+        self._extents: _ByInode[int, Extent] = _ByInode(EXTENTS_KEPT, lambda *_: None)
         self._digests: ChunkDigests | None = None
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -398,12 +407,24 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         """The entry of a node the kernel now holds one more reference to; `seen`, the
         versions its attributes come from, is recorded as shown (kernel-served mounts)."""
-        ino = self.inodes.assign(node)
+        ino = self.inodes.assign(node, attr.shard)
         self.inodes.ref(ino)
         self._keep_budget()
         if seen is not None:
-            attr = self._shown(ino, attr, seen)
+            if attr.shard is not None and self.inodes.slot(ino) is not None:
+                self._chunk_shown(ino, attr, seen)
+            else:
+                attr = self._shown(ino, attr, seen)
         return self._entry(ino, attr)
+
+    def _chunk_shown(self, ino: int, attr: Attr, seen: dict[str, Stat | None]) -> None:
+        """A chunk file `ino` was shown (kernel-served mounts): its node id names the
+        versions its attributes come from, so only they are kept readable, and where its
+        bytes are stored, if its lookup found that."""
+        assert self.versions is not None
+        self.versions.keep(seen)
+        if attr.extent is not None:
+            self._extents.put(ino, attr.extent)
 
     async def _recorded(
         self, fn: Callable[..., T], *args: Any
@@ -436,6 +457,11 @@ class Operations(pyfuse3.Operations):
     def _keep_budget(self) -> None:
         """Ask the kernel to forget the oldest inodes beyond the table's budget (its
         forgets shrink the table). Asynchronous: never wait on the kernel in a handler."""
+        if self.inodes.full():
+            held = set()
+            for window in self._windows.values():
+                held.update(window.slots)
+            self.inodes.sweep(held)
         names = self.inodes.over_budget()
         if names:
             log.debug("asking the kernel to forget %d of %d inodes", len(names), len(self.inodes))
@@ -452,11 +478,10 @@ class Operations(pyfuse3.Operations):
             log.debug("lookup%r", (parent_inode, name, ctx))
         try:
             text = name.decode(*_FS_ENCODING)  # as os.fsdecode, with no Python frame
-            prepared = self._leaves.get(parent_inode)
-            if prepared is not None:
+            directory = self._leaves.get(parent_inode)
+            if directory is not None:
                 # A directory of chunk files looked in before (kernel-served mounts): the
                 # chunk's inode number from its index, none of the layers (`view.leaves`).
-                directory, base = prepared
                 try:
                     try:  # `_run`, inline: one coroutine less per chunk file
                         found = attempt(directory.entry, text)
@@ -464,13 +489,14 @@ class Operations(pyfuse3.Operations):
                         found = await self._thread(directory.entry, text)
                 except MissingChunk:
                     return self._absent()
-                if found is not None:
-                    _, _, index, attr, seen = found
+                base = None if found is None else self.inodes.chunk_base(found[0], found[3].shard)
+                if base is not None:
+                    _, _, index, attr, seen = found  # type: ignore[misc]
                     ino = base + index
-                    live = self._readers.get(ino)
-                    if live is not None:  # as `_shown`, for a file
-                        return self._entry(ino, live.reader.attr())
-                    self.versions.show(seen, ino, None, attr.extent)  # type: ignore[union-attr]
+                    self.inodes.ref(ino)
+                    self.versions.keep(seen)  # type: ignore[union-attr]  # `_chunk_shown`, inline
+                    if attr.extent is not None:
+                        self._extents.put(ino, attr.extent)
                     return self._entry(ino, attr)
             parent = self._node(parent_inode)
             if text == ".":
@@ -496,11 +522,9 @@ class Operations(pyfuse3.Operations):
         leaf = self.view.chunk_directory(parent.path)
         if leaf is None or leaf.array_key != chunk.array.key:
             return
-        base = self.inodes.chunk_base(chunk.array)
-        if base is not None:
-            if len(self._leaves) >= DIRECTORIES_KEPT:
-                self._leaves.clear()
-            self._leaves[parent_inode] = (leaf, base)
+        if len(self._leaves) >= DIRECTORIES_KEPT:
+            self._leaves.clear()
+        self._leaves[parent_inode] = leaf
 
     def _absent(self) -> pyfuse3.EntryAttributes:
         """A negative entry: the kernel remembers that the name does not exist for as
@@ -516,6 +540,16 @@ class Operations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if self.inodes.removed(inode):
             return self._entry(inode, self._open_file_of(inode).attr(), removed=True)
+        slot = self.inodes.slot(inode) if self.versions is not None else None
+        if slot is not None and slot.shown is not None:
+            # A chunk file's node id names one version: its attributes as of that version,
+            # never the source's now (the kernel may apply this reply after a newer one).
+            node = self._node(inode)
+            try:
+                attr = await self._run(self._attr_as_of, node, slot.shown)
+            except ShardfsError as e:
+                raise await self._failed(inode, node.path, e, slot.shown) from None
+            return self._entry(inode, attr)
         attr, seen = await self._recorded(self.view.attr, self._node(inode))
         return self._entry(inode, attr if seen is None else self._shown(inode, attr, seen))
 
@@ -529,6 +563,7 @@ class Operations(pyfuse3.Operations):
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
         for ino, count in inode_list:
             self.inodes.forget(ino, count)
+            self._extents.pop(ino, None)
             self._opened.pop(ino, None)
             self._readers.drop(ino)
             self._drop_listing(ino)
@@ -601,7 +636,12 @@ class Operations(pyfuse3.Operations):
         entry = self._entry(0, Attr(False, 0, 0))
         while row < len(run):
             window = self._windows.get(fh)
-            if window is None or window.run is not run or not window.start <= row < window.stop:
+            if (
+                window is None
+                or window.run is not run
+                or not window.start <= row < window.stop
+                or not self.inodes.holds(window.slots)
+            ):
                 window = self._windows[fh] = _Window.of(run, row, self.inodes)
                 self._as_read(window)
             i = row - window.start
@@ -624,6 +664,8 @@ class Operations(pyfuse3.Operations):
             if window.inos is None:
                 for k, ino in enumerate(inos):
                     (self.inodes.ref if k < sent else self.inodes.drop_unreferenced)(ino)
+            elif sent:
+                self.inodes.ref_run(inos[:sent])
             row, position = row + sent, position + sent
             if sent < stop - i:
                 return False
@@ -721,9 +763,14 @@ class Operations(pyfuse3.Operations):
                 self._readers.move_to_end(inode)
             else:
                 node = None
-                shown = self.versions.own(inode)  # the common case, known without the node
-                if shown is not None:
-                    extent = shown.extent
+                slot = self.inodes.slot(inode)
+                if slot is not None and slot.shown is not None:
+                    # A chunk file: its node id names the version to serve (`InodeTable`).
+                    shown = slot.shown
+                    extent = self._extents.get(inode)  # the common case: its lookup's
+                    if extent is None:
+                        node = self._node(inode)
+                        extent = self._listed_extent(node, slot.shard)
                 else:
                     node = self._node(inode)
                     directory = node.path.rpartition("/")[0]
@@ -776,6 +823,22 @@ class Operations(pyfuse3.Operations):
             return None
         return listed[1].extent(node)
 
+    def _listed_extent(self, node: Node, shard: tuple[str, Stat] | None) -> Extent | None:
+        """Where chunk file `node` is stored, if one of the latest listings of its directory
+        listed it from the very version its node id names (`shard`, and its array's)."""
+        listed = self._listed.get(node.path.rpartition("/")[0])
+        if listed is None or shard is None:
+            return None
+        extent = listed[1].extent(node)
+        if extent is None or extent.key != shard[0] or extent.stat.version != shard[1].version:
+            return None
+        return extent
+
+    def _attr_as_of(self, node: Node, shown: Shown) -> Attr:
+        assert self.versions is not None
+        with self.versions.as_of(shown):
+            return self.view.attr(node)
+
     def _open_as_of(self, node: Node, shown: Shown | None) -> _Pass:
         assert self.versions is not None
         with self.versions.as_of(shown):
@@ -789,13 +852,22 @@ class Operations(pyfuse3.Operations):
         kernel was shown is gone, the kernel is told to drop what it holds of the file
         (once the reply is sent); reads as of that show go on failing until it asks for
         the file's attributes again, so that no read after it gets a version whose size
-        it does not hold (the kernel itself retries a failed read at once)."""
+        it does not hold (the kernel itself retries a failed read at once). A chunk
+        file's node id names its version: the kernel is told to drop its name too, so
+        that the next open looks it up and gets the node id of the version there now."""
         if shown is None or not shown.stats or isinstance(error, CorruptData | MissingChunk):
             return error
         assert self.versions is not None
         if not await self._run(self.versions.changed, shown):
             return error  # the source holds what was shown: a failure of its own
         trio.lowlevel.spawn_system_task(_invalidate, inode)
+        if self.inodes.slot(inode) is not None:
+            # Its node id names the version that is gone: the kernel must look the name
+            # up again to learn the one there is now.
+            directory, _, name = path.rpartition("/")
+            parent = self.inodes.inode_of(directory)
+            if parent is not None:
+                pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
         if self._failed_shows.get(inode) != shown.seq:
             self._failed_shows[inode] = shown.seq
             if not error.logged:

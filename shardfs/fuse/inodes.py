@@ -13,22 +13,61 @@ is renamed or unlinked on a writable mount, its derived number is "claimed"
 by an entry that says what the kernel's inode now is (the file at its new
 path, or the removed file), until the kernel forgets it; meanwhile a new
 file at the old position gets a counted number instead.
+
+On a kernel-served mount (`versioned`) a slot stands for one version of a
+chunk file's bytes as well: the array's stored document and the shard the
+chunk is stored in, each at one version. So a node id names exactly one
+version's bytes and attributes, whatever order the kernel applies replies in
+(see docs/design.md, "One node id, one version"). Such a slot lives while the
+kernel holds any of its numbers: lookups and listed entries count up, forgets
+down, and a slot at zero is let go and its number given to the next version.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 
+import numpy as np
 import pyfuse3
 
+from shardfs.storage.base import Stat
 from shardfs.view import Node, Role
 from shardfs.view.hierarchy import join
 from shardfs.view.nodes import ArrayView, ChunkRun
+from shardfs.view.shown import Shown
 
 #: Derived numbers are (slot + 1) << SHIFT | index; counted ones stay below 1 << SHIFT.
 SHIFT = 40
 #: At most this many array slots (so that every number fits in 63 bits).
 SLOTS = (1 << (63 - SHIFT)) - 1
+#: Slots of a versioned table, each about 400 bytes: versions of shards the kernel holds
+#: chunk files of at once. Beyond it, chunks of new versions get counted numbers.
+VERSIONED_SLOTS = 1 << 20
+
+
+class Slot:
+    """What the derived numbers of one slot stand for: an array's chunks (`grid`) as of
+    `array`, and on a versioned table as of `shown`: the array's document and one shard,
+    each at one version (`shard`: its key and stat). `refs`: what the kernel holds."""
+
+    __slots__ = ("array", "grid", "key", "refs", "shard", "shown", "slot_key")
+
+    def __init__(
+        self, slot_key: Hashable, array: ArrayView, shard: tuple[str, Stat] | None
+    ) -> None:
+        self.slot_key = slot_key
+        self.key = array.key
+        self.grid = array.layout.grid
+        self.array = array
+        self.shard = shard
+        self.refs = 0
+        self.shown: Shown | None = None
+        if shard is not None:
+            stats: dict[str, Stat | None] = {shard[0]: shard[1]}
+            if array.source is not None:
+                stats = {array.source: array.metadata, **stats}
+            self.shown = Shown(-1, 0.0, stats)
 
 
 class InodeTable:
@@ -39,15 +78,19 @@ class InodeTable:
     is never dropped.
     """
 
-    def __init__(self, root: Node, budget: int = 100_000) -> None:
+    def __init__(self, root: Node, budget: int = 100_000, versioned: bool = False) -> None:
         self.budget = budget
+        #: a slot per version of each shard (kernel-served mounts: see the module's docstring)
+        self.versioned = versioned
         self._nodes: dict[int, Node] = {pyfuse3.ROOT_INODE: root}
         self._by_path: dict[str, int] = {root.path: pyfuse3.ROOT_INODE}
         self._counts: dict[int, int] = {}
         self._next = pyfuse3.ROOT_INODE + 1
-        #: per slot, (array key, grid, the array as last seen)
-        self._slots: list[tuple[str, tuple[int, ...], ArrayView]] = []
-        self._slot_of: dict[tuple[str, tuple[int, ...]], int] = {}
+        self._slots: dict[int, Slot] = {}
+        self._slot_of: dict[Hashable, int] = {}
+        #: slot numbers let go (versioned tables), given out again first
+        self._free: list[int] = []
+        self._slot_budget = VERSIONED_SLOTS if versioned else SLOTS
         #: derived numbers that entries hold (see the module's docstring)
         self._claimed: set[int] = set()
         #: entries the kernel was asked to forget (see `over_budget`)
@@ -61,25 +104,35 @@ class InodeTable:
 
     # -- derived numbers -------------------------------------------------------------
 
-    def _slot(self, array: ArrayView) -> int | None:
-        """The slot of `array`'s grid, made on first sight; None if its chunks cannot be
-        numbered by position (too many chunks, or too many arrays)."""
+    def _slot(self, array: ArrayView, shard: tuple[str, Stat] | None = None) -> int | None:
+        """The slot of `array`'s grid (on a versioned table: as of its document's version
+        and `shard`'s), made on first sight; None if its chunks cannot be numbered by
+        position (too many chunks, or too many slots, or a versioned table not told the
+        shard)."""
         grid = array.layout.grid
-        slot = self._slot_of.get((array.key, grid))
-        if slot is None:
-            if math.prod(grid) > 1 << SHIFT or len(self._slots) >= SLOTS:
+        if self.versioned:
+            if shard is None:
                 return None
-            slot = len(self._slots)
-            self._slot_of[(array.key, grid)] = slot
-            self._slots.append((array.key, grid, array))
-        elif self._slots[slot][2] is not array:
-            self._slots[slot] = (array.key, grid, array)
+            slot_key: Hashable = (array.key, grid, array.version, shard[0], shard[1].version)
+        else:
+            slot_key = (array.key, grid)
+        slot = self._slot_of.get(slot_key)
+        if slot is None:
+            if math.prod(grid) > 1 << SHIFT or len(self._slots) >= self._slot_budget:
+                return None
+            slot = self._free.pop() if self._free else len(self._slots)
+            self._slot_of[slot_key] = slot
+            self._slots[slot] = Slot(slot_key, array, shard)
+        else:
+            found = self._slots[slot]
+            if found.array is not array:
+                found.array = array
         return slot
 
-    def _derived(self, node: Node) -> int | None:
+    def _derived(self, node: Node, shard: tuple[str, Stat] | None = None) -> int | None:
         if node.role is not Role.CHUNK or node.meta is None:
             return None
-        slot = self._slot(node.array)
+        slot = self._slot(node.array, shard)
         if slot is None:
             return None
         index = 0
@@ -87,23 +140,98 @@ class InodeTable:
             index = index * size + coord  # C order, as np.ravel_multi_index (slow for one)
         return (slot + 1) << SHIFT | index
 
-    def chunk_base(self, array: ArrayView) -> int | None:
-        """What the inode number of a chunk of `array` is, less its index in the grid (C
-        order); None if its chunks need entries. Only while no derived number is claimed:
-        on mounts whose chunk files are never renamed or unlinked (read-only ones)."""
-        slot = self._slot(array)
+    def chunk_base(self, array: ArrayView, shard: tuple[str, Stat] | None = None) -> int | None:
+        """What the inode number of a chunk of `array` (stored in `shard`, on a versioned
+        table) is, less its index in the grid (C order); None if its chunks need entries.
+        Only while no derived number is claimed: on mounts whose chunk files are never
+        renamed or unlinked (read-only ones)."""
+        slot = self._slot(array, shard)
         return None if slot is None or self._claimed else (slot + 1) << SHIFT
 
     def run_inodes(self, run: ChunkRun, start: int, stop: int) -> list[int] | None:
         """The inode numbers of chunks [start, stop) of a run, or None if they need entries
-        (see `assign`)."""
-        slot = self._slot(run.array)
-        if slot is None:
-            return None
-        numbers = (run.flat[start:stop] + ((slot + 1) << SHIFT)).tolist()
+        (see `assign`). On a versioned table each row's slot is its shard version's."""
+        if self.versioned:
+            bases = [self.chunk_base(run.array, shard) for shard in run.shards]
+            if None in bases:
+                return None
+            numbers = (
+                run.flat[start:stop] + np.array(bases, np.int64)[run.shard[start:stop]]
+            ).tolist()
+        else:
+            slot = self._slot(run.array)
+            if slot is None:
+                return None
+            numbers = (run.flat[start:stop] + ((slot + 1) << SHIFT)).tolist()
         if self._claimed and not self._claimed.isdisjoint(numbers):
             return None
         return numbers
+
+    def slots_of(self, run: ChunkRun) -> dict[int, Slot]:
+        """The slots the numbers of `run` are made from (none on a table not versioned)."""
+        if not self.versioned:
+            return {}
+        found = {}
+        for shard in run.shards:
+            slot = self._slot_of.get(
+                (
+                    run.array.key,
+                    run.array.layout.grid,
+                    run.array.version,
+                    shard[0],
+                    shard[1].version,
+                )
+            )
+            if slot is not None:
+                found[slot] = self._slots[slot]
+        return found
+
+    def holds(self, slots: dict[int, Slot]) -> bool:
+        """Whether every one of `slots` still stands for what it stood for (a slot let go
+        may be given to another version)."""
+        return all(self._slots.get(slot) is found for slot, found in slots.items())
+
+    def slot(self, ino: int) -> Slot | None:
+        """The slot a derived number stands for (None for a counted one, or one let go)."""
+        return self._slots.get((ino >> SHIFT) - 1)
+
+    def ref_run(self, inos: list[int]) -> None:
+        """The kernel took a reference to each of `inos` (derived, listed)."""
+        if not self.versioned:
+            return
+        slots = self._slots
+        slots_and_counts = np.unique(np.array(inos, np.int64) >> SHIFT, return_counts=True)
+        for slot, count in zip(*slots_and_counts, strict=True):
+            found = slots.get(int(slot) - 1)
+            if found is not None:
+                found.refs += int(count)
+
+    def _unref_slot(self, ino: int, count: int) -> None:
+        """A derived number forgotten `count` times: a versioned slot the kernel holds none
+        of any more is let go, and its number given to the next version."""
+        slot = (ino >> SHIFT) - 1
+        found = self._slots.get(slot)
+        if found is None or not self.versioned:
+            return
+        found.refs -= count
+        if found.refs <= 0:
+            self._let_go(slot, found)
+
+    def _let_go(self, slot: int, found: Slot) -> None:
+        del self._slots[slot]
+        del self._slot_of[found.slot_key]
+        self._free.append(slot)
+
+    def full(self) -> bool:
+        """Whether a versioned table has no slot left for a new version."""
+        return self.versioned and len(self._slots) >= self._slot_budget
+
+    def sweep(self, held: set[int]) -> None:
+        """Let go of the slots the kernel holds no number of (made for listed rows that
+        were never sent), but those of `held` (rows still to be sent)."""
+        for slot, found in list(self._slots.items()):
+            if found.refs <= 0 and slot not in held:
+                self._let_go(slot, found)
 
     # -- the table ---------------------------------------------------------------------
 
@@ -112,10 +240,11 @@ class InodeTable:
         node = self._nodes.get(ino)
         if node is not None:
             return node
-        slot, index = (ino >> SHIFT) - 1, ino & ((1 << SHIFT) - 1)
-        if not 0 <= slot < len(self._slots):
+        found = self._slots.get((ino >> SHIFT) - 1)
+        index = ino & ((1 << SHIFT) - 1)
+        if found is None:
             raise KeyError(ino)
-        key, grid, array = self._slots[slot]
+        key, grid, array = found.key, found.grid, found.array
         if index >= math.prod(grid):
             raise KeyError(ino)
         coords: list[int] = []
@@ -125,11 +254,20 @@ class InodeTable:
         coords.reverse()
         return Node(join(key, array.names.encode(coords)), Role.CHUNK, array, tuple(coords))
 
-    def assign(self, node: Node) -> int:
-        """The inode of `node`'s path, made if needed; an entry records the newest node."""
+    def inode_of(self, path: str) -> int | None:
+        """The inode of a counted node's path (a directory's), if the kernel holds it."""
+        return self._by_path.get(path)
+
+    def assign(self, node: Node, shard: tuple[str, Stat] | None = None) -> int:
+        """The inode of `node`'s path (a chunk stored in `shard`, on a versioned table), made
+        if needed; an entry records the newest node."""
+        if shard is not None and self.versioned:  # (read-only: no path is claimed)
+            derived = self._derived(node, shard)
+            if derived is not None:
+                return derived
         ino = self._by_path.get(node.path)
         if ino is None:
-            derived = self._derived(node)
+            derived = self._derived(node, shard)
             if derived is not None and derived not in self._claimed:
                 return derived
             ino = self._next
@@ -142,10 +280,15 @@ class InodeTable:
         """The kernel took one more reference (a lookup or a readdirplus entry)."""
         if ino != pyfuse3.ROOT_INODE and ino in self._nodes:
             self._counts[ino] = self._counts.get(ino, 0) + 1
+        elif self.versioned and ino >> SHIFT:
+            found = self._slots.get((ino >> SHIFT) - 1)
+            if found is not None:
+                found.refs += 1
 
     def forget(self, ino: int, count: int) -> None:
         if ino not in self._nodes:
-            return  # a derived number: nothing kept
+            self._unref_slot(ino, count)  # a derived number: only its slot's count
+            return
         left = self._counts.get(ino, 0) - count
         if left > 0 and not ino >> SHIFT:
             self._counts[ino] = left

@@ -204,9 +204,10 @@ class Namespace(SourceView):
 
     def _chunk_attr(self, array: ArrayView, coords: tuple[int, ...]) -> Attr:
         key, table, offset, nbytes = self.shards.locate(array, coords)
+        stat = table.stat
         if not array.served_as_stored:
-            return Attr(False, array.served_size(nbytes), table.stat.mtime_ns)
-        return Attr(False, nbytes, table.stat.mtime_ns, Extent(key, table.stat, offset, nbytes))
+            return Attr(False, array.served_size(nbytes), stat.mtime_ns, None, (key, stat))
+        return Attr(False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes), (key, stat))
 
     def _backing_key(self, node: Node) -> str:
         """The source key whose stat stands for a directory or passthrough node."""

@@ -189,6 +189,9 @@ class Attr:
     mtime_ns: int
     #: where its bytes are stored as served, if that was found anyway (a chunk's lookup)
     extent: Extent | None = field(default=None, compare=False)
+    #: a chunk file's shard (its key and the version these attributes come from): what a
+    #: kernel-served mount numbers the file's versions by
+    shard: tuple[str, Stat] | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, stat: Stat) -> Attr:
@@ -317,8 +320,12 @@ class Listing:
         views whose chunks are not a Zarr array's."""
         if node.role is not Role.CHUNK or not isinstance(node.meta, ArrayView):
             return None
+        meta = node.meta
         for run in self.runs:
-            if run.array.key == node.meta.key and (found := run.extent(node.coords)) is not None:
+            # the same array as of the same document: coordinates mean the same chunk
+            if run.array.key != meta.key or run.array.version != meta.version:
+                continue
+            if (found := run.extent(node.coords)) is not None:
                 return found
         return None
 

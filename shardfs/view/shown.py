@@ -101,8 +101,6 @@ class KernelVersions:
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._tidy_at = 0.0
-        #: the seq of the latest listing's show (see `own`)
-        self._listed_seq = -1
         #: the versions the latest call of `_keep` kept, and when (see `show`)
         self._last_kept: dict[str, Stat | None] = {}
         self._kept_at = 0.0
@@ -123,22 +121,36 @@ class KernelVersions:
         where = inode if directory is None else directory
         self._held -= len(getattr(table.pop(where, None), "stats", ()))
         table[where] = shown
-        if directory is not None:
-            self._listed_seq = shown.seq
         self._held += len(stats)
         tidy = now >= self._tidy_at
         if tidy:
             self._tidy_at = now + TIDY_EVERY
         if tidy or len(table) > self._budget or self._held > self._stats_budget:
             self._expire(now)
+        self._touch(stats, now, None if directory is None else VERSIONS_PER_LISTING, tidy)
+        return shown
+
+    def keep(self, stats: dict[str, Stat | None]) -> None:
+        """Keep the file versions among `stats` readable, with no show recorded: for a
+        file whose node id names the versions it is read as of (a kernel-served chunk
+        file, see `shardfs.fuse.inodes`)."""
+        now = time.monotonic()
+        tidy = now >= self._tidy_at
+        if tidy:
+            self._tidy_at = now + TIDY_EVERY
+            self._expire(now)
+        self._touch(stats, now, None, tidy)
+
+    def _touch(
+        self, stats: dict[str, Stat | None], now: float, limit: int | None, tidy: bool
+    ) -> None:
         # The same versions as the last show, shown again within `TIDY_EVERY` (the chunk
         # files of one shard, one after another): `_keep` would find them kept.
         if stats is not self._last_kept or now >= self._kept_at + TIDY_EVERY:
-            self._keep(stats, now, None if directory is None else VERSIONS_PER_LISTING)
+            self._keep(stats, now, limit)
             self._last_kept, self._kept_at = stats, now
         if tidy or len(self._kept) > self._versions:
             self._drop_kept(now)
-        return shown
 
     def latest(self, inode: int, directory: str) -> Shown | None:
         """The latest show of `inode` (which is an entry of `directory`), if still kept."""
@@ -151,15 +163,6 @@ class KernelVersions:
         if own is None or listed is None:
             return own or listed
         return own if own.seq > listed.seq else listed
-
-    def own(self, inode: int) -> Shown | None:
-        """The latest show of `inode` if it is the file's own (newer than any listing's),
-        still kept, and located the file's bytes: what a read to the end needs, found
-        without the file's node (`latest` needs its directory). None: ask `latest`."""
-        own = self._inodes.get(inode)
-        if own is None or own.extent is None or own.seq < self._listed_seq:
-            return None
-        return own if own.at > time.monotonic() - self.lifetime else None
 
     def forget(self, inode: int) -> None:
         self._held -= len(getattr(self._inodes.pop(inode, None), "stats", ()))
