@@ -54,7 +54,7 @@ from shardfs.storage.base import Stat
 from shardfs.view import Attr, Node, Role
 from shardfs.view.interface import Opened, OpenFile, ViewInterface, Writes
 from shardfs.view.leaves import DIRECTORIES_KEPT, ChunkDirectory
-from shardfs.view.nodes import ChunkRun, Extent, Listing
+from shardfs.view.nodes import ArrayView, ChunkRun, Extent, Listing
 from shardfs.view.shown import KernelVersions, Shown
 
 log = logging.getLogger("shardfs")
@@ -338,10 +338,12 @@ class Operations(pyfuse3.Operations):
         self._listed: _ByInode[str, tuple[Shown, Listing]] = _ByInode(
             INODE_LISTINGS, lambda *_: None
         )
-        #: By inode, the chunk directories looked in (see `lookup`)
-        self._leaves: dict[int, ChunkDirectory] = {}
-        #: By node id, where the chunk files that lookups located are stored
-        self._extents: _ByInode[int, Extent] = _ByInode(EXTENTS_KEPT, lambda *_: None)
+        #: By inode, the chunk directories looked in (see `lookup`), each with the node id
+        #: bases of the shard versions looked up there (see `_base`)
+        self._leaves: dict[int, tuple[ChunkDirectory, dict[Hashable, Any]]] = {}
+        #: By node id, where the chunk files that lookups located are stored (the oldest
+        #: dropped first)
+        self._extents: dict[int, Extent] = {}
         self._digests: ChunkDigests | None = None
         self._next_fh = itertools.count(1)
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -424,7 +426,10 @@ class Operations(pyfuse3.Operations):
         assert self.versions is not None
         self.versions.keep(seen)
         if attr.extent is not None:
-            self._extents.put(ino, attr.extent)
+            extents = self._extents
+            extents[ino] = attr.extent
+            if len(extents) > EXTENTS_KEPT:
+                del extents[next(iter(extents))]
 
     async def _recorded(
         self, fn: Callable[..., T], *args: Any
@@ -478,10 +483,11 @@ class Operations(pyfuse3.Operations):
             log.debug("lookup%r", (parent_inode, name, ctx))
         try:
             text = name.decode(*_FS_ENCODING)  # as os.fsdecode, with no Python frame
-            directory = self._leaves.get(parent_inode)
-            if directory is not None:
+            prepared = self._leaves.get(parent_inode)
+            if prepared is not None:
                 # A directory of chunk files looked in before (kernel-served mounts): the
                 # chunk's inode number from its index, none of the layers (`view.leaves`).
+                directory, bases = prepared
                 try:
                     try:  # `_run`, inline: one coroutine less per chunk file
                         found = attempt(directory.entry, text)
@@ -489,14 +495,22 @@ class Operations(pyfuse3.Operations):
                         found = await self._thread(directory.entry, text)
                 except MissingChunk:
                     return self._absent()
-                base = None if found is None else self.inodes.chunk_base(found[0], found[3].shard)
-                if base is not None:
+                held = None
+                if found is not None:
+                    attr = found[3]
+                    held = bases.get((attr.shard[0], attr.shard[1].version))  # type: ignore[index]
+                    if held is None or bases[None] != self.inodes.epoch:
+                        held = self._base(bases, found[0], attr.shard)  # type: ignore[arg-type]
+                if held is not None:
                     _, _, index, attr, seen = found  # type: ignore[misc]
-                    ino = base + index
-                    self.inodes.ref(ino)
+                    ino = held[0] + index
+                    held[1].refs += 1  # `InodeTable.ref`, inline
                     self.versions.keep(seen)  # type: ignore[union-attr]  # `_chunk_shown`, inline
-                    if attr.extent is not None:
-                        self._extents.put(ino, attr.extent)
+                    if attr.extent is not None:  # `_chunk_shown`, inline
+                        extents = self._extents
+                        extents[ino] = attr.extent
+                        if len(extents) > EXTENTS_KEPT:
+                            del extents[next(iter(extents))]
                     return self._entry(ino, attr)
             parent = self._node(parent_inode)
             if text == ".":
@@ -516,6 +530,23 @@ class Operations(pyfuse3.Operations):
         except Exception as e:
             raise _fuse_error(self, "lookup", (parent_inode, name, ctx), e) from None
 
+    def _base(
+        self, bases: dict[Hashable, Any], array: ArrayView, shard: tuple[str, Stat]
+    ) -> tuple[int, Slot] | None:
+        """The number of chunk 0 of `array` in `shard`'s version, and its slot, memoised in
+        `bases` (one prepared directory's, by the shard's key and version) while the table lets
+        no slot go (`InodeTable.epoch`: a slot let go may be given to another version)."""
+        if bases[None] != self.inodes.epoch or len(bases) > DIRECTORIES_KEPT:
+            bases.clear()
+            bases[None] = self.inodes.epoch
+        base = self.inodes.chunk_base(array, shard)
+        if base is None:
+            return None
+        slot = self.inodes.slot(base)
+        assert slot is not None
+        held = bases[shard[0], shard[1].version] = (base, slot)
+        return held
+
     def _prepared(self, parent_inode: int, parent: Node, chunk: Node) -> None:
         """Keep the directory a chunk file was just found in prepared, if its view did, for
         the lookups of its other chunk files (kernel-served mounts: no chunk renamed)."""
@@ -524,7 +555,7 @@ class Operations(pyfuse3.Operations):
             return
         if len(self._leaves) >= DIRECTORIES_KEPT:
             self._leaves.clear()
-        self._leaves[parent_inode] = leaf
+        self._leaves[parent_inode] = (leaf, {None: self.inodes.epoch})
 
     def _absent(self) -> pyfuse3.EntryAttributes:
         """A negative entry: the kernel remembers that the name does not exist for as

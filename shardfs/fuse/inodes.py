@@ -90,6 +90,9 @@ class InodeTable:
         self._slot_of: dict[Hashable, int] = {}
         #: slot numbers let go (versioned tables), given out again first
         self._free: list[int] = []
+        #: how many slots were let go: a number memoised with an older epoch may stand
+        #: for another version now
+        self.epoch = 0
         self._slot_budget = VERSIONED_SLOTS if versioned else SLOTS
         #: derived numbers that entries hold (see the module's docstring)
         self._claimed: set[int] = set()
@@ -218,6 +221,7 @@ class InodeTable:
             self._let_go(slot, found)
 
     def _let_go(self, slot: int, found: Slot) -> None:
+        self.epoch += 1
         del self._slots[slot]
         del self._slot_of[found.slot_key]
         self._free.append(slot)

@@ -135,6 +135,8 @@ class KernelVersions:
         file whose node id names the versions it is read as of (a kernel-served chunk
         file, see `shardfs.fuse.inodes`)."""
         now = time.monotonic()
+        if stats is self._last_kept and now < self._tidy_at and now < self._kept_at + TIDY_EVERY:
+            return  # the chunk files of one shard, one after another: nothing to do
         tidy = now >= self._tidy_at
         if tidy:
             self._tidy_at = now + TIDY_EVERY
