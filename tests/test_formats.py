@@ -206,7 +206,7 @@ def test_transpose_before_sharding_maps_chunks_to_array_axes() -> None:
     assert layout is not None
     assert layout.chunk_shape == (2, 3)
     assert json.loads(layout.view_metadata)["codecs"] == [transpose, BYTES]
-    (slots,) = level_slots(layout)
+    (slots,) = level_slots(layout, 1 << 20)
     # View chunk (i, j) of a shard covers array rows 2i.., columns 3j..; in the
     # transposed shard that is chunk (j, i) of a 2x2 grid.
     cps = layout.chunks_per_shard
@@ -222,7 +222,7 @@ def test_nested_sharding_flattens_to_innermost_chunks() -> None:
     assert layout.chunk_shape == (2, 2)
     assert layout.chunks_per_shard == (4, 4)
     assert len(layout.levels) == 2 and layout.levels[1].index_at_start
-    outer, innermost = level_slots(layout)
+    outer, innermost = level_slots(layout, 1 << 20)
     # View chunk (3, 1) lies in level-0 chunk (1, 0), at level-1 position (1, 1).
     m = np.ravel_multi_index((3, 1), (4, 4))
     assert outer[m] == np.ravel_multi_index((1, 0), (2, 2))

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from shardfs.formats import ome
+from shardfs.formats import jsondoc, ome
 from shardfs.formats.codecs import (
     V2_FIELD,
     VLEN_CODECS,
@@ -52,7 +52,7 @@ MUTABLE = frozenset({"attributes", "shape", "dimension_names"})
 
 def parse_written(raw: bytes, what: str) -> dict[str, Any]:
     try:
-        doc = json.loads(raw)
+        doc = jsondoc.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidWrite(f"{what} is not valid JSON: {e}") from None
     if not isinstance(doc, dict):

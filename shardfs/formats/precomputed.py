@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from shardfs.formats import jsondoc
 from shardfs.primitives.errors import CorruptData, InvalidMetadata
 
 INFO = "info"
@@ -437,7 +438,7 @@ def _claims_volume(doc: Any) -> bool:
 def is_volume(raw: bytes) -> bool:
     """Whether an `info` file claims to describe a multiscale volume (valid or not)."""
     try:
-        return _claims_volume(json.loads(raw))
+        return _claims_volume(jsondoc.loads(raw))
     except (UnicodeDecodeError, json.JSONDecodeError):
         return False
 
@@ -499,7 +500,7 @@ def parse_info(raw: bytes) -> Volume:
     multiscale volume. A sharded scale whose sharding shardfs cannot read is kept
     sharded (shown unchanged), with the reason in `unchanged`."""
     try:
-        doc = json.loads(raw)
+        doc = jsondoc.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidMetadata(f"info is not valid JSON: {e}") from None
     if not _claims_volume(doc):

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from numcodecs import lz4
 
+from shardfs.formats import jsondoc
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v2 import consolidated
 from shardfs.formats.zarr_v3 import render as render_v3
@@ -490,7 +491,7 @@ def parse_properties(raw: bytes) -> Properties:
     a webknossos datasource. Layers of other formats, or that it does not describe
     well, are left as stored, with the reason in `skipped`."""
     try:
-        doc = json.loads(raw)
+        doc = jsondoc.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidMetadata(f"{PROPERTIES} is not valid JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("dataLayers"), list):

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from shardfs.formats import jsondoc
 from shardfs.formats.keys import parse_index
 from shardfs.primitives.errors import InvalidMetadata
 
@@ -79,7 +80,7 @@ def is_draft_entry_point(raw: bytes) -> bool:
     the hierarchy is refused with the reason instead of being misread.
     """
     try:
-        doc = json.loads(raw)
+        doc = jsondoc.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return False
     if not isinstance(doc, dict) or doc.get("zarr_format") != DRAFT_FORMAT:

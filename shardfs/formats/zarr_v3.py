@@ -18,14 +18,13 @@ import functools
 import json
 import math
 import operator
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from json.decoder import scanstring
 from typing import Any
 
 import numpy as np
 
+from shardfs.formats import jsondoc
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.shard_index import IndexCodec, check_entries, normalize_codec
 from shardfs.primitives.errors import CorruptData, InvalidMetadata
@@ -48,6 +47,11 @@ KNOWN_ARRAY_FIELDS = frozenset(
         "storage_transformers",
     }
 )
+
+
+#: Extents, and numbers of chunks in a grid, must be below this: numpy (int64) computes
+#: with chunk coordinates, offsets and positions in C order.
+INDEXABLE = 1 << 63
 
 
 class Unshardable(Exception):
@@ -109,6 +113,11 @@ class ShardedLayout:
     def chunks_per_shard(self) -> tuple[int, ...]:
         """View chunks per shard along each array axis."""
         return tuple(s // c for s, c in zip(self.shard_shape, self.chunk_shape, strict=True))
+
+    @property
+    def slots_nbytes(self) -> int:
+        """What `level_slots` builds: 8 bytes per view chunk of a shard and level."""
+        return 8 * math.prod(self.chunks_per_shard) * len(self.levels)
 
     @functools.cached_property
     def grid(self) -> tuple[int, ...]:
@@ -178,17 +187,11 @@ def parse_node_spans(raw: bytes) -> tuple[dict[str, Any], tuple[int, int] | None
     """`parse_node`, with the byte span of its top-level `attributes` value in `raw`
     (None if it has none): what `with_attributes` splices into a document the view
     writes, so that big attributes are copied as they are stored, never decoded and
-    encoded again. One pass of the C decoder, value by top-level value."""
+    encoded again."""
     try:
-        text = raw.decode("utf-8")
-        meta, spans = _top_level(text)
+        meta, spans, text = jsondoc.object_spans(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InvalidMetadata(f"zarr.json is not valid JSON: {e}") from None
-    except ValueError:  # not an object: let the decoder say what it is
-        try:
-            meta, spans = json.loads(raw), {}
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise InvalidMetadata(f"zarr.json is not valid JSON: {e}") from None
     if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
         raise InvalidMetadata("zarr.json is not Zarr v3 metadata (zarr_format is not 3)")
     if meta.get("node_type") not in ("array", "group"):
@@ -198,48 +201,6 @@ def parse_node_spans(raw: bytes) -> tuple[dict[str, Any], tuple[int, int] | None
         start = len(text[: span[0]].encode())
         span = (start, start + len(text[span[0] : span[1]].encode()))
     return meta, span
-
-
-_SPACE = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
-
-
-def _top_level(text: str) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
-    """A JSON object and the character span of each of its values (the last of a
-    duplicated key, as `json.loads` keeps). ValueError if `text` is not an object;
-    JSONDecodeError where it is not valid JSON."""
-    at = _SPACE.match(text).end()  # type: ignore[union-attr]
-    if not text.startswith("{", at):
-        raise ValueError("not an object")
-    meta: dict[str, Any] = {}
-    spans: dict[str, tuple[int, int]] = {}
-    at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-    if text.startswith("}", at):
-        at += 1
-    else:
-        while True:
-            if not text.startswith('"', at):
-                raise json.JSONDecodeError(
-                    "Expecting property name enclosed in double quotes", text, at
-                )
-            key, at = scanstring(text, at + 1)
-            at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-            if not text.startswith(":", at):
-                raise json.JSONDecodeError("Expecting ':' delimiter", text, at)
-            start = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-            meta[key], at = _DECODER.raw_decode(text, start)
-            spans[key] = (start, at)
-            at = _SPACE.match(text, at).end()  # type: ignore[union-attr]
-            if text.startswith(",", at):
-                at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
-                continue
-            if not text.startswith("}", at):
-                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-            at += 1
-            break
-    if _SPACE.match(text, at).end() != len(text):  # type: ignore[union-attr]
-        raise json.JSONDecodeError("Extra data", text, at)
-    return meta, spans
 
 
 #: Where a document the view renders (`render`) from metadata with empty attributes holds
@@ -285,6 +246,8 @@ def _regular_grid(
         raise Unshardable("zero-dimensional arrays are not supported")
     if 0 in chunk_shape:
         raise InvalidMetadata("chunk_shape has a zero extent")
+    if max(shape + chunk_shape) >= INDEXABLE:
+        raise Unshardable("extents of 2^63 or more are not supported")
     return shape, chunk_shape, ChunkKeyEncoding.from_metadata(meta.get("chunk_key_encoding"))
 
 
@@ -294,7 +257,7 @@ def plain_layout(meta: dict[str, Any], raw: bytes) -> ShardedLayout:
     Views that rename chunks (zarr v2) then serve plain arrays like sharded ones.
     """
     shape, chunk_shape, keys = _regular_grid(meta)
-    return ShardedLayout(shape, chunk_shape, chunk_shape, (), keys, raw)
+    return _indexable(ShardedLayout(shape, chunk_shape, chunk_shape, (), keys, raw))
 
 
 def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
@@ -373,7 +336,7 @@ def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
     view = dict(meta)
     view["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": chunk_shape}}
     view["codecs"] = view_codecs
-    return ShardedLayout(
+    layout = ShardedLayout(
         shape=shape,
         shard_shape=shard_shape,
         chunk_shape=tuple(chunk_shape),
@@ -381,27 +344,52 @@ def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
         keys=keys,
         view_metadata=render(view),
     )
+    return _indexable(layout)
 
 
-def level_slots(layout: ShardedLayout) -> list[np.ndarray]:
+def _indexable(layout: ShardedLayout) -> ShardedLayout:
+    """`layout`, if numpy can number its chunks; Unshardable otherwise."""
+    if math.prod(layout.grid) >= INDEXABLE:
+        raise Unshardable(f"its grid has {math.prod(layout.grid)} chunks, 2^63 or more")
+    return layout
+
+
+def level_slots(layout: ShardedLayout, budget: int) -> list[np.ndarray]:
     """For every view chunk of a shard, its slot at each level.
 
     Returns one array per level whose m-th value is the flat C-order slot, in
     that level's index, holding the m-th view chunk of the shard (view chunks
     enumerated in C order over `chunks_per_shard`). It depends only on the
     layout, so it is computed once per array and shared by all its shards.
+    Unshardable, before anything is built, if they would take more than `budget`
+    bytes (`slots_nbytes`). Each axis is resolved on its own, so what is built
+    besides them is one more array of their size and one entry per chunk along
+    an axis.
     """
-    cps = layout.chunks_per_shard
-    count = math.prod(cps)
-    local = np.indices(cps, dtype=np.int64).reshape(layout.ndim, count).T
-    offset = local * np.asarray(layout.chunk_shape, dtype=np.int64)
+    if layout.slots_nbytes > budget:
+        raise Unshardable(
+            f"its layout takes {layout.slots_nbytes} bytes (8 per inner chunk of a shard and "
+            f"level of sharding), more than the {budget} of metadata_cache"
+        )
+    # Per array axis, the offset (in elements) of each view chunk of a shard along it,
+    # within the block the level at hand splits.
+    offsets = [
+        np.arange(n, dtype=np.int64) * c
+        for n, c in zip(layout.chunks_per_shard, layout.chunk_shape, strict=True)
+    ]
+    axes = tuple(range(layout.ndim))  # the array axis of each axis of the level's space
     result = []
     for level in layout.levels:
-        offset = offset[:, list(level.perm)]
-        chunk = np.asarray(level.chunk_shape, dtype=np.int64)
-        within = offset // chunk
-        offset = offset - within * chunk
-        slot = np.ravel_multi_index(tuple(within.T), level.chunks_per_shard)
-        result.append(slot)
-    assert not offset.any(), "view chunks must align with the innermost chunks"
+        axes = tuple(axes[i] for i in level.perm)
+        strides = [math.prod(level.chunks_per_shard[i + 1 :]) for i in range(layout.ndim)]
+        parts: list[np.ndarray] = [np.zeros(0)] * layout.ndim
+        for i, (axis, chunk) in enumerate(zip(axes, level.chunk_shape, strict=True)):
+            within = offsets[axis] // chunk
+            offsets[axis] = offsets[axis] - within * chunk
+            parts[axis] = within * strides[i]
+        slot = np.zeros((), dtype=np.int64)
+        for part in parts:  # the sum over axes, laid out in C order of the array axes
+            slot = slot[..., np.newaxis] + part
+        result.append(slot.reshape(-1))
+    assert not any(o.any() for o in offsets), "view chunks must align with the innermost chunks"
     return result

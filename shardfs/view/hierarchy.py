@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from shardfs.formats import zarr_draft
+from shardfs.formats import jsondoc, zarr_draft
 from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v3 import parse_node, parse_node_spans
 from shardfs.primitives.errors import (
@@ -148,7 +148,7 @@ class DraftV3(Hierarchy):
         if raw is None:
             return zarr_draft.translate_group({})
         try:
-            doc = json.loads(raw)
+            doc = jsondoc.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise InvalidMetadata(f"not valid JSON: {e}") from None
         if isinstance(doc, dict) and "shape" in doc:

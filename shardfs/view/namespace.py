@@ -81,7 +81,7 @@ class Namespace(SourceView):
         #: directory's mtime stays the same, and an append changes no directory's.
         self.shard_mtimes = shard_mtimes
         self.presentation = Presentation(
-            storage, self.tree, view, serve_plain, metadata_cache, document_cache
+            storage, self.tree, view, serve_plain, metadata_cache, document_cache, index_cache
         )
         self.shards = Shards(storage, index_cache, listing_cache)
         #: Chunks fetched ahead of their reads (only on stores with costly requests).

@@ -52,6 +52,7 @@ from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Entry, Storage
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, join
 from shardfs.view.nodes import ArrayView, Attr, GroupView, Node, NodeView, Role
+from shardfs.view.shards import table_cost
 
 log = logging.getLogger("shardfs")
 
@@ -79,6 +80,7 @@ class Presentation:
         serve_plain: bool,
         metadata_cache: int,
         document_cache: int,
+        index_cache: int,
     ) -> None:
         self.storage = storage
         self.tree = tree
@@ -99,6 +101,9 @@ class Presentation:
         self.documents: LruCache[dict[str, bytes] | bytes] = LruCache(
             document_cache, lambda d: (len(d) if isinstance(d, bytes) else _size(d)) + 256
         )
+        #: The budget of decoded shard indexes (`Shards.indexes`): an array one of whose
+        #: shard indexes would not fit is shown unchanged (see `_array_view`).
+        self.index_cache = index_cache
         self._snapshots = threading.local()
 
     @property
@@ -217,7 +222,12 @@ class Presentation:
         docs = (METADATA,) if v2 is None else (ZARRAY, ZATTRS)
         stored = replace(layout, keys=self.tree.chunk_keys(layout.keys))
         data = self.tree.data_dir(key)
-        slots = level_slots(stored)
+        slots = level_slots(stored, self.nodes.budget)  # bounded before it is built
+        if stored.levels and table_cost(stored) > self.index_cache:  # before one is read
+            raise Unshardable(
+                f"the index of one of its shards takes {table_cost(stored)} bytes decoded "
+                f"(32 per inner chunk), more than the {self.index_cache} of index_cache"
+            )
         # A sharded array's zarr.json in the v3 view holds the stored attributes as they are.
         spliced = span if v2 is None and stored.levels else None
         return ArrayView(key, data, stored, doc.stat, names, docs, v2, slots, doc.key, spliced)

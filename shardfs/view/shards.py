@@ -19,6 +19,7 @@ import crc32c
 import numpy as np
 
 from shardfs.formats.shard_index import EMPTY
+from shardfs.formats.zarr_v3 import ShardedLayout
 from shardfs.primitives.cache import LruCache
 from shardfs.primitives.errors import CorruptData, MissingChunk, NotADirectory, NotFound
 from shardfs.storage.base import Entry, Pin, Stat, Storage
@@ -65,6 +66,12 @@ class DirRows:
     @property
     def cost(self) -> int:
         return self.bounds.nbytes + self.last.nbytes + self.extents.nbytes + 256
+
+
+def table_cost(layout: ShardedLayout) -> int:
+    """What the decoded index of one shard of `layout` costs in `Shards.indexes`
+    (`ShardTable.cost` of its 16 bytes per view chunk), known before one is read."""
+    return 2 * 16 * math.prod(layout.chunks_per_shard) + 256
 
 
 def _listing_cost(value: list[ChunkRun] | DirRows) -> int:
