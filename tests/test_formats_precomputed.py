@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
 import zlib
+from collections import Counter
 from typing import Any
 
 import mmh3
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardfs.formats.precomputed import (
@@ -226,6 +228,10 @@ def test_sharding_encodings_default_to_raw() -> None:
 # -- shard indexes ------------------------------------------------------------------------
 
 
+#: The reader's bound on a decoded minishard index, where a test does not care.
+CAP = 1 << 20
+
+
 def fixed_index(entries: list[tuple[int, int]]) -> bytes:
     return np.asarray(entries, dtype="<u8").tobytes()
 
@@ -261,6 +267,26 @@ def test_fixed_index_outside_the_shard(entries: list[tuple[int, int]], message: 
 def test_fixed_index_of_the_wrong_length() -> None:
     with pytest.raises(CorruptData, match="not 32"):
         sharding().decode_shard_index(b"\0" * 16, 1000)
+    with pytest.raises(CorruptData, match="cannot hold its 32-byte index"):
+        sharding().decode_shard_index(b"\0" * 32, 31)
+
+
+def test_fixed_index_entries_decode_alone() -> None:
+    """A reader of one entry (or a piece) of a big fixed index gets what the whole gives,
+    and its errors name the minishard, not the entry's place in the piece."""
+    spec = sharding(minishard_bits=2)  # 64 bytes of fixed index
+    entries = [(0, 0), (10, 58), (58, 58), (58, 70)]
+    whole = spec.decode_shard_index(fixed_index(entries), 64 + 100)
+    assert spec.decode_shard_index(fixed_index(entries[1:2]), 64 + 100, 1, 1).tolist() == [
+        whole[1].tolist()
+    ]
+    assert spec.decode_shard_index(fixed_index(entries[2:]), 64 + 100, 2).tolist() == (
+        whole[2:].tolist()
+    )
+    with pytest.raises(CorruptData, match="minishard 3 index"):
+        spec.decode_shard_index(fixed_index([(58, 170)]), 64 + 100, 3, 1)
+    with pytest.raises(CorruptData, match="cannot hold"):  # too short, whichever entry is read
+        spec.decode_shard_index(fixed_index([(0, 0)]), 40, 1, 1)
 
 
 def test_minishard_index_decodes() -> None:
@@ -268,7 +294,7 @@ def test_minishard_index_decodes() -> None:
     s = scale(size=(100, 100, 100), chunk=(10, 10, 10), offset=(0, 0, 0), spec=spec)
     # shard 1, minishard 0: ids with id & 3 == 2
     raw = minishard_index([(2, 0, 10), (6, 10, 5), (30, 40, 7)])
-    found = s.decode_minishard(raw, 1, 0, 32 + 47)
+    found = s.decode_minishard(raw, 1, 0, 32 + 47, CAP)
     assert found.ids.tolist() == [2, 6, 30]
     assert found.offsets.tolist() == [32, 42, 72]
     assert found.sizes.tolist() == [10, 5, 7]
@@ -277,7 +303,7 @@ def test_minishard_index_decodes() -> None:
     assert found.find(6) == (42, 5) and found.find(7) is None and found.find(31) is None
     gzipped = Sharding.from_json({**IDENTITY, "minishard_index_encoding": "gzip"})
     s = scale(size=(100, 100, 100), chunk=(10, 10, 10), spec=gzipped)
-    assert s.decode_minishard(gzip.compress(raw), 1, 0, 32 + 47).ids.tolist() == [2, 6, 30]
+    assert s.decode_minishard(gzip.compress(raw), 1, 0, 32 + 47, CAP).ids.tolist() == [2, 6, 30]
 
 
 @pytest.mark.parametrize(
@@ -298,35 +324,120 @@ def test_minishard_index_corrupt(
     s = scale(size=(100, 100, 100), chunk=(10, 10, 10))
     raw = minishard_index(entries)
     with pytest.raises(CorruptData, match=message):
-        s.decode_minishard(raw, 1, 0, size)
+        s.decode_minishard(raw, 1, 0, size, CAP)
 
 
 def test_minishard_index_with_an_id_outside_the_grid() -> None:
     s = scale(size=(30, 10, 10), chunk=(10, 10, 10))  # grid (3, 1, 1): bits (2, 0, 0)
-    assert s.decode_minishard(minishard_index([(2, 0, 1)]), 1, 0, 100).positions.tolist() == [
+    assert s.decode_minishard(minishard_index([(2, 0, 1)]), 1, 0, 100, CAP).positions.tolist() == [
         [2, 0, 0]
     ]
     with pytest.raises(CorruptData, match="outside the grid"):
-        s.decode_minishard(minishard_index([(6, 0, 1)]), 1, 0, 100)
+        s.decode_minishard(minishard_index([(6, 0, 1)]), 1, 0, 100, CAP)
     with pytest.raises(CorruptData, match="outside the grid"):
-        s.decode_minishard(minishard_index([(3 + 4 * 0, 0, 1)]), 1, 1, 100)
+        s.decode_minishard(minishard_index([(3 + 4 * 0, 0, 1)]), 1, 1, 100, CAP)
 
 
 def test_minishard_index_bad_length_gzip_and_size() -> None:
     s = scale(size=(100, 100, 100), chunk=(10, 10, 10))
     with pytest.raises(CorruptData, match="not 24n"):
-        s.decode_minishard(b"\0" * 25, 1, 0, 100)
+        s.decode_minishard(b"\0" * 25, 1, 0, 100, CAP)
     gzipped = scale(spec=Sharding.from_json({**IDENTITY, "minishard_index_encoding": "gzip"}))
     with pytest.raises(CorruptData, match="gzip"):
-        gzipped.decode_minishard(b"not gzip at all", 1, 0, 100)
+        gzipped.decode_minishard(b"not gzip at all", 1, 0, 100, CAP)
     with pytest.raises(CorruptData, match="truncated"):
-        gzipped.decode_minishard(gzip.compress(minishard_index([(2, 0, 1)]))[:-3], 1, 0, 100)
-    # (20, 10, 5) / (8, 8, 4): 3 * 2 * 2 chunks, so 13 entries cannot be right
+        gzipped.decode_minishard(gzip.compress(minishard_index([(2, 0, 1)]))[:-3], 1, 0, 100, CAP)
+    # (20, 10, 5) / (8, 8, 4): 3 * 2 * 2 chunks, and one minishard can hold 4 of them (ids
+    # 2, 6, 10, 14: 96 bytes of index), so 13 entries cannot be right
     thirteen = minishard_index([(2 + 4 * i, i, 1) for i in range(13)])
     with pytest.raises(CorruptData, match="more than"):
-        gzipped.decode_minishard(gzip.compress(thirteen), 1, 0, 1000)
-    with pytest.raises(CorruptData, match="more chunks"):
-        scale().decode_minishard(thirteen, 1, 0, 1000)
+        gzipped.decode_minishard(gzip.compress(thirteen), 1, 0, 1000, CAP)
+    with pytest.raises(CorruptData, match="beyond the 96 bytes"):
+        scale().decode_minishard(thirteen, 1, 0, 1000, CAP)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    grid=st.tuples(*[st.integers(1, 9)] * 3),
+    hashed=st.booleans(),
+    preshift=st.integers(0, 7),
+    minishard_bits=st.integers(0, 4),
+    shard_bits=st.integers(0, 4),
+)
+def test_minishard_capacity_bounds_every_minishard(
+    grid: tuple[int, int, int], hashed: bool, preshift: int, minishard_bits: int, shard_bits: int
+) -> None:
+    """Every chunk of the grid, placed by its id's hash: no minishard holds more than
+    `minishard_capacity`, and under the identity hash of a grid of powers of two, the
+    fullest holds exactly that many (the bound is as tight as the grid allows)."""
+    spec = Sharding.from_json(
+        {
+            **IDENTITY,
+            "hash": "murmurhash3_x86_128" if hashed else "identity",
+            "preshift_bits": preshift,
+            "minishard_bits": minishard_bits,
+            "shard_bits": shard_bits,
+        }
+    )
+    s = scale(size=grid, chunk=(1, 1, 1), offset=(0, 0, 0), spec=spec)
+    bits = morton_bits(grid)
+    ids = np.array([compressed_morton_code(p, bits) for p in np.ndindex(*grid)], dtype=np.uint64)
+    shards, minishards = spec.shard_and_minishard(ids)
+    fullest = max(Counter(zip(shards.tolist(), minishards.tolist(), strict=True)).values())
+    assert fullest <= s.minishard_capacity <= s.chunk_count
+    if not hashed and all(n & (n - 1) == 0 for n in grid):
+        assert fullest == s.minishard_capacity
+    assert s.minishard_limit(1 << 30) == 24 * s.minishard_capacity
+    assert s.minishard_limit(100) == min(24 * s.minishard_capacity, 96)  # in whole entries
+
+
+def test_a_big_grid_bounds_no_minishard_but_the_cap_does() -> None:
+    """2^60 chunks: the spec allows a minishard index of 24 * 2^60 bytes; the reader's cap
+    is what bounds it."""
+    spec = Sharding.from_json({**IDENTITY, "minishard_bits": 0, "shard_bits": 0})
+    s = scale(size=(1 << 20,) * 3, chunk=(1, 1, 1), spec=spec)
+    assert s.minishard_capacity == 1 << 60
+    assert s.minishard_limit(1 << 20) == (1 << 20) - (1 << 20) % 24
+
+
+def gzip_of_zeros(n: int) -> bytes:
+    """A gzip member of `n` zero bytes, built a piece at a time."""
+    stream = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    piece = bytes(4 << 20)
+    out = [stream.compress(piece[: min(len(piece), n - i)]) for i in range(0, n, len(piece))]
+    return b"".join([*out, stream.flush()])
+
+
+def test_a_gzip_minishard_index_bomb_is_inflated_no_further_than_the_limit() -> None:
+    """64 MiB of zeros in 64 KiB of gzip, in a scale of 2^60 chunks: inflating stops past
+    the 1 MiB cap (a few MiB allocated at most), never at the end of the bomb."""
+    spec = Sharding.from_json(
+        {**IDENTITY, "minishard_bits": 0, "shard_bits": 0, "minishard_index_encoding": "gzip"}
+    )
+    s = scale(size=(1 << 20,) * 3, chunk=(1, 1, 1), spec=spec)
+    bomb = gzip_of_zeros(64 << 20)
+    assert len(bomb) < 1 << 17
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptData, match="minishard 0 index: gzip data decompresses to more"):
+            s.decode_minishard(bomb, 0, 0, 1 << 40, 1 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+def test_a_minishard_index_stored_beyond_the_limit_is_refused_before_it_is_read() -> None:
+    s = scale()  # one minishard holds at most 4 chunks: 96 bytes
+    limit = s.minishard_limit(CAP)
+    assert limit == 96
+    s.sharding.check_minishard_stored(0, 96, limit)
+    with pytest.raises(CorruptData, match="97 bytes stored, beyond the 96 bytes"):
+        s.sharding.check_minishard_stored(0, 97, limit)
+    gzipped = scale(spec=Sharding.from_json({**IDENTITY, "minishard_index_encoding": "gzip"}))
+    gzipped.sharding.check_minishard_stored(0, 96 + 4096, limit)  # deflate and header room
+    with pytest.raises(CorruptData, match="beyond"):
+        gzipped.sharding.check_minishard_stored(0, 1 << 20, limit)
 
 
 # -- chunk data -------------------------------------------------------------------------

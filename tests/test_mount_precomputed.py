@@ -33,6 +33,7 @@ from shardfs.primitives.blocking import WouldBlock, nonblocking
 from shardfs.primitives.errors import StorageError
 from shardfs.storage import LocalStorage
 from shardfs.view import Role
+from shardfs.view import precomputed as precomputed_view
 from shardfs.view.precomputed import PrecomputedNamespace
 from tests.backends import Source
 from tests.conftest import Mounted
@@ -447,6 +448,135 @@ def test_corrupt_chunk_data_gives_eio(main_volume: Written, tmp_path: Path, moun
     assert len(lines) == 1 and failed[0] in lines[0] and str(shard) in lines[0], mounted.log()
 
 
+def hostile_info(scales: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """An info of uint8 raw scales of chunks of one voxel, identity hash, no preshift."""
+    docs = []
+    for key, fields in scales.items():
+        sharding_fields = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 0}
+        sharding_fields |= {"hash": "identity", "shard_bits": 0, "data_encoding": "raw"}
+        docs.append(
+            {
+                "key": key,
+                "size": fields["size"],
+                "voxel_offset": [0, 0, 0],
+                "chunk_sizes": [[1, 1, 1]],
+                "resolution": [1, 1, 1],
+                "encoding": "raw",
+                "sharding": sharding_fields
+                | {
+                    "minishard_bits": fields["minishard_bits"],
+                    "minishard_index_encoding": fields["index"],
+                },
+            }
+        )
+    return {
+        "@type": "neuroglancer_multiscale_volume",
+        "type": "image",
+        "data_type": "uint8",
+        "num_channels": 1,
+        "scales": docs,
+    }
+
+
+def write_shard(
+    path: Path, minishard_bits: int, entry: tuple[int, int], body: bytes, at: int = 0
+) -> None:
+    """A shard whose fixed index has one entry, for minishard 0 (`entry`, relative to the end
+    of the fixed index), the others empty; `body` written `at` bytes after the fixed index.
+    What lies between is a hole: a big fixed index costs no disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(np.asarray(entry, dtype="<u8").tobytes())
+        f.seek((16 << minishard_bits) + at)
+        f.write(body)
+
+
+def gzip_of_zeros(n: int) -> bytes:
+    stream = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    piece = bytes(4 << 20)
+    out = [stream.compress(piece[: min(len(piece), n - i)]) for i in range(0, n, len(piece))]
+    return b"".join([*out, stream.flush()])
+
+
+def status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak) of a process, in MiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(value.split()[0]) >> 10
+    return fields
+
+
+def bytes_read(pid: int) -> int:
+    """What a process has read so far (`rchar`: every read call, page cache or not)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar")
+
+
+@pytest.fixture(scope="module")
+def hostile_volume(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three sharded scales, each within the sharding spec's fields, handcrafted:
+    - `bomb`: 2^60 chunks; its one minishard's gzip index (700 KiB) inflates to 384 MiB;
+    - `claims`: its raw minishard index claims 512 MiB of a sparse shard;
+    - `sparse`: 2^24 minishards: a fixed index of 256 MiB, a hole but for one entry,
+      locating one chunk (id 0, the byte 7)."""
+    source = tmp_path_factory.mktemp("hostile")
+    scales = {
+        "bomb": {"size": [1 << 20] * 3, "minishard_bits": 0, "index": "gzip"},
+        "claims": {"size": [1 << 20] * 3, "minishard_bits": 0, "index": "raw"},
+        "sparse": {"size": [64, 64, 64], "minishard_bits": 24, "index": "raw"},
+    }
+    (source / "info").write_text(json.dumps(hostile_info(scales)))
+    bomb = gzip_of_zeros(384 << 20)
+    write_shard(source / "bomb" / "0.shard", 0, (0, len(bomb)), bomb)
+    write_shard(source / "claims" / "0.shard", 0, (0, 512 << 20), b"\0", at=(512 << 20) - 1)
+    index = np.asarray([0, 24, 1], dtype="<u8").tobytes()  # id 0, after the index, 1 byte
+    write_shard(source / "sparse" / "0.shard", 24, (0, 24), index + b"\x07")
+    return source
+
+
+@pytest.mark.fuse
+def test_minishard_index_bombs_give_eio_and_leave_the_daemon_small(
+    hostile_volume: Path, mount
+) -> None:
+    """A gzip minishard index bomb and a raw minishard index claiming 512 MiB give EIO and
+    one log line each, and leave the daemon small, its peak too: the bomb is inflated no
+    further than its bound, the claim is not read, and the cached errors hold nothing of
+    what was decoded."""
+    mounted: Mounted = mount(hostile_volume, "ro")
+    for key in ("bomb", "claims"):
+        for _ in range(2):  # the second is answered by the cached error
+            with pytest.raises(OSError) as error:
+                os.stat(mounted.path / key / "0-1_0-1_0-1")
+            assert error.value.errno == errno.EIO
+    memory = status(mounted.process.pid)
+    assert memory["VmHWM"] < 300 and memory["VmRSS"] < 300, memory
+    lines = error_lines(mounted)
+    assert len(lines) == 2, lines
+    assert "bomb/0.shard" in lines[0] and "decompresses to more than" in lines[0], lines
+    assert "claims/0.shard" in lines[1] and "bytes stored, beyond" in lines[1], lines
+    assert mounted.process.poll() is None
+
+
+@pytest.mark.fuse
+def test_a_lookup_reads_one_entry_of_a_big_fixed_index(hostile_volume: Path, mount) -> None:
+    """In a shard with a 256 MiB fixed index, a lookup reads its one entry, not the index,
+    even for a chunk that is not there; a listing reads the index a piece at a time."""
+    mounted: Mounted = mount(hostile_volume, "ro")
+    pid = mounted.process.pid
+    before = bytes_read(pid)
+    for name in ("1-2_0-1_0-1", "0-1_1-2_0-1", "5-6_7-8_9-10"):
+        assert not (mounted.path / "sparse" / name).exists()
+    assert (mounted.path / "sparse" / "0-1_0-1_0-1").read_bytes() == b"\x07"
+    assert bytes_read(pid) - before < 1 << 20
+    assert os.listdir(mounted.path / "sparse") == ["0-1_0-1_0-1"]
+    assert status(pid)["VmHWM"] < 300, status(pid)
+    assert not error_lines(mounted)
+
+
 # -- the view without FUSE -------------------------------------------------------------------
 
 
@@ -501,6 +631,63 @@ def test_gzip_trailers_are_read_together_where_requests_cost(main_volume: Writte
     assert listings[0] == listings[1] == [(n, len(expected[n])) for n in sorted(expected)]
     chunks = len(expected)
     assert reads[0] - reads[1] == chunks - len(list((main_volume.source / "s2").iterdir()))
+
+
+class RecordingStorage(LocalStorage):
+    """A local source that records every read: (key, offset, length)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[tuple[str, int, int]] = []
+
+    def read(self, key: str, offset: int, length: int, version: Any = None) -> bytes:
+        self.reads.append((key, offset, length))
+        return super().read(key, offset, length, version)
+
+
+def test_fixed_indexes_read_an_entry_at_a_time_show_the_same(
+    main_volume: Written, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no fixed index small enough to be read whole, a lookup reads its one entry (16
+    bytes) and a listing pieces of entries (here 2 at a time): the same listings, sizes and
+    bytes as reading each index whole; and a walker finds the same next minishards (within
+    the piece's worth of minishards it looks ahead)."""
+    whole = PrecomputedNamespace(LocalStorage(main_volume.source))
+    monkeypatch.setattr(precomputed_view, "INDEX_PIECE", 2)
+    storage = RecordingStorage(main_volume.source)
+    namespace = PrecomputedNamespace(storage)
+    namespace.whole_index = 0
+    for scale in MAIN.scales[:4]:
+        spec = Sharding.from_json(scale.sharding)
+        expected = files(main_volume.reference / scale.key)
+        directory = namespace.resolve(scale.key)
+        for name in sorted(expected):  # lookups before any listing: single entries
+            node = namespace.lookup(directory, name)
+            assert namespace.open(node).read(0, 1 << 20) == expected[name]
+        listing = namespace.listdir(directory)
+        assert listing == whole.listdir(whole.resolve(scale.key))
+        assert [name for name, _, _ in listing] == sorted(expected)
+        index_reads = {
+            length
+            for key, offset, length in storage.reads
+            if key.endswith(".shard") and offset < spec.index_size
+        }
+        assert index_reads <= {16, 32}, (scale.key, index_reads)
+        storage.reads.clear()
+    monkeypatch.setattr(precomputed_view, "INDEX_PIECE", 4)  # s0's 4 minishards a shard
+    namespace = PrecomputedNamespace(LocalStorage(main_volume.source))
+    namespace.whole_index = 0
+    scale = MAIN.scales[0]
+    for name in scale.chunk_names():  # where a walker of each minishard goes next
+        chunk = namespace._target(namespace.volume(), f"{scale.key}/{name}")
+        reference = whole._target(whole.volume(), f"{scale.key}/{name}")
+        assert isinstance(chunk, precomputed_view._Chunk)
+        assert isinstance(reference, precomputed_view._Chunk)
+        for n in (1, 2, 3):
+            ahead, walked = namespace.next_run(chunk.run, n), whole.next_run(reference.run, n)
+            assert (ahead and (ahead[0], ahead[1].shard, ahead[1].part)) == (
+                walked and (walked[0], walked[1].shard, walked[1].part)
+            ), (name, n)
 
 
 def test_changes_behind_the_view(main_volume: Written, tmp_path: Path) -> None:

@@ -42,9 +42,10 @@ ENCODINGS = ("raw", "gzip")
 DATA_TYPES = frozenset(
     ["uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32"]
 )
-#: Entries a gzip minishard index may decompress to, whatever the grid (a bound against
-#: decompression bombs: 2^32 entries are 96 GiB).
-MAX_INDEX_ENTRIES = 1 << 32
+#: Bytes of one minishard index entry (chunk id, offset and size, uint64 each).
+ENTRY = 24
+#: Bytes of one fixed shard index entry (start and end, uint64 each).
+FIXED_ENTRY = 16
 #: A gzip member: a 10-byte header, at least 2 bytes of deflate data, an 8-byte trailer.
 GZIP_MIN = 20
 
@@ -157,6 +158,10 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return out
 
 
+def _bound(limit: int) -> str:
+    return f"the {limit} bytes a minishard index of this scale may decode to"
+
+
 @dataclass(frozen=True)
 class Sharding:
     """A scale's `sharding` entry (`neuroglancer_uint64_sharded_v1`)."""
@@ -210,7 +215,7 @@ class Sharding:
     @property
     def index_size(self) -> int:
         """Bytes of the fixed shard index at the start of every shard."""
-        return 16 << self.minishard_bits
+        return FIXED_ENTRY << self.minishard_bits
 
     def hashes(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.uint64)
@@ -245,37 +250,70 @@ class Sharding:
             return None
         return shard
 
-    def decode_shard_index(self, raw: bytes, shard_size: int) -> np.ndarray:
-        """The fixed index of a shard of `shard_size` bytes: (2^minishard_bits, 2) absolute
-        [start, end) of each minishard index. CorruptData if any lies outside the shard."""
-        if len(raw) != self.index_size:
-            raise CorruptData(f"shard index is {len(raw)} bytes, not {self.index_size}")
+    def check_shard_size(self, shard_size: int) -> None:
+        """CorruptData if a shard of `shard_size` bytes cannot hold its fixed index (checked
+        before any of it is read: a reader of single entries would not see it short)."""
+        if shard_size < self.index_size:
+            raise CorruptData(
+                f"a shard of {shard_size} bytes cannot hold its {self.index_size}-byte index"
+            )
+
+    def decode_shard_index(
+        self, raw: bytes, shard_size: int, first: int = 0, count: int | None = None
+    ) -> np.ndarray:
+        """`count` entries (default: the rest) of the fixed index of a shard of
+        `shard_size` bytes from minishard `first` (default: all of them), as (count, 2)
+        absolute [start, end) of each minishard index. CorruptData if any lies outside
+        the shard."""
+        self.check_shard_size(shard_size)
+        if count is None:
+            count = (1 << self.minishard_bits) - first
+        if len(raw) != FIXED_ENTRY * count:
+            raise CorruptData(f"shard index is {len(raw)} bytes, not {FIXED_ENTRY * count}")
         index = np.frombuffer(raw, dtype="<u8").reshape(-1, 2)
         limit = np.uint64(shard_size - self.index_size)
         bad = (index[:, 0] > index[:, 1]) | (index[:, 1] > limit)
         if bad.any():
             i = int(np.argmax(bad))
             raise CorruptData(
-                f"minishard {i} index at [{index[i, 0]}, {index[i, 1]}) lies outside the "
-                f"{int(limit)} bytes after the shard index"
+                f"minishard {first + i} index at [{index[i, 0]}, {index[i, 1]}) lies outside "
+                f"the {int(limit)} bytes after the shard index"
             )
         return index.astype(np.int64) + self.index_size
 
+    def stored_limit(self, limit: int) -> int:
+        """The most bytes a minishard index that decodes to at most `limit` bytes may be
+        stored in: `limit` if raw; if gzip, with room for deflate's worst case (stored
+        blocks: 5 bytes a 64 KiB block) and a gzip header."""
+        return limit + (limit >> 10) + 4096 if self.minishard_index_gzip else limit
+
+    def check_minishard_stored(self, minishard: int, stored: int, limit: int) -> None:
+        """CorruptData if a minishard index stored in `stored` bytes would decode to more
+        than `limit` bytes: checked before it is read."""
+        if stored > self.stored_limit(limit):
+            raise CorruptData(
+                f"minishard {minishard} index is {stored} bytes stored, beyond {_bound(limit)}"
+            )
+
     def decode_minishard(
-        self, raw: bytes, shard: int, minishard: int, shard_size: int, max_chunks: int
+        self, raw: bytes, shard: int, minishard: int, shard_size: int, limit: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A minishard index of shard `shard` as (ids, offsets, sizes), offsets absolute,
-        verified: every chunk lies in the shard's data, ids ascend and belong to this
-        shard and minishard, and there are no more entries than `max_chunks` (the chunks
-        of the scale)."""
-        if self.minishard_index_gzip:
-            raw = _gunzip(raw, 24 * min(max_chunks, MAX_INDEX_ENTRIES))
-        if len(raw) % 24:
-            raise CorruptData(f"minishard {minishard} index is {len(raw)} bytes, not 24n")
-        deltas, gaps, sizes = np.frombuffer(raw, dtype="<u8").reshape(3, -1)
-        if len(sizes) > max_chunks:
-            raise CorruptData(f"minishard {minishard} index lists more chunks than the scale has")
+        verified: it decodes to at most `limit` bytes (a gzip index is inflated no
+        further), every chunk lies in the shard's data, ids ascend and belong to this
+        shard and minishard."""
         where = f"minishard {minishard} index"
+        self.check_minishard_stored(minishard, len(raw), limit)
+        if self.minishard_index_gzip:
+            try:
+                raw = _gunzip(raw, limit)
+            except CorruptData as e:
+                raise CorruptData(f"{where}: {e}") from None
+        if len(raw) > limit:
+            raise CorruptData(f"{where} is {len(raw)} bytes, more than {_bound(limit)}")
+        if len(raw) % ENTRY:
+            raise CorruptData(f"{where} is {len(raw)} bytes, not {ENTRY}n")
+        deltas, gaps, sizes = np.frombuffer(raw, dtype="<u8").reshape(3, -1)
         ids = np.cumsum(deltas, dtype=np.uint64)
         if (ids[1:] <= ids[:-1]).any():
             raise CorruptData(f"{where}: chunk ids do not ascend")
@@ -386,13 +424,32 @@ class Scale:
             raise CorruptData(f"chunk id {int(ids[np.argmax(outside)])} is outside the grid")
         return positions
 
+    @property
+    def minishard_capacity(self) -> int:
+        """The most chunks one minishard of this scale can hold: the scale's chunks, and
+        under the identity hash no more than the ids of the grid's id bits whose
+        shard and minishard bits (`preshift_bits` up) are those of one minishard. (A
+        murmurhash may send every chunk to one minishard.)"""
+        count = self.chunk_count
+        if self.sharding.hash == "identity":
+            bits, spec = sum(self.bits), self.sharding
+            low = min(bits, spec.preshift_bits)
+            fixed = min(bits, spec.preshift_bits + spec.minishard_bits + spec.shard_bits) - low
+            count = min(count, 1 << (bits - fixed))
+        return count
+
+    def minishard_limit(self, cap: int) -> int:
+        """The most bytes a minishard index of this scale may decode to: 24 bytes a chunk
+        it can hold (`minishard_capacity`), and no more than `cap` (the reader's bound)."""
+        return min(ENTRY * self.minishard_capacity, cap - cap % ENTRY)
+
     def decode_minishard(
-        self, raw: bytes, shard: int, minishard: int, shard_size: int
+        self, raw: bytes, shard: int, minishard: int, shard_size: int, cap: int
     ) -> Minishard:
-        """A verified minishard index (see `Sharding.decode_minishard`) whose chunks all lie
-        in this scale's grid."""
+        """A verified minishard index (see `Sharding.decode_minishard`, bounded by
+        `minishard_limit(cap)`) whose chunks all lie in this scale's grid."""
         ids, offsets, sizes = self.sharding.decode_minishard(
-            raw, shard, minishard, shard_size, self.chunk_count
+            raw, shard, minishard, shard_size, self.minishard_limit(cap)
         )
         return Minishard(ids, self.positions(ids), offsets, sizes)
 

@@ -13,6 +13,7 @@ from typing import Generic, TypeVar
 from shardfs.primitives.blocking import WouldBlock, may_block
 
 V = TypeVar("V")
+E = TypeVar("E", bound=BaseException)
 
 
 @dataclass
@@ -22,13 +23,23 @@ class CacheStats:
     evictions: int = 0
 
 
+def detached(error: E) -> E:
+    """A fresh copy of `error` to keep: its type, arguments and attributes (`logged`),
+    without the traceback, context and cause that the raised one holds. Those pin the
+    frames of the code that failed, and with them every buffer it was decoding (an
+    inflated index, say) for as long as the error is kept."""
+    return copy.copy(error)  # copies args and __dict__, never __traceback__ or the chain
+
+
 class _Failure:
-    """A cached load error, so a corrupt object is reported once, not on every request."""
+    """A cached load error, so a corrupt object is reported once, not on every request.
+    It keeps a `detached` copy, and raises a fresh copy of that each time, so the kept
+    one never gets a traceback either."""
 
     __slots__ = ("error",)
 
     def __init__(self, error: BaseException) -> None:
-        self.error = error
+        self.error = detached(error)
 
 
 class LruCache(Generic[V]):
@@ -150,5 +161,5 @@ class LruCache(Generic[V]):
     def _unwrap(value: V | _Failure) -> V:
         if isinstance(value, _Failure):
             # A copy, so that callers in several threads do not share one traceback.
-            raise copy.copy(value.error).with_traceback(None)
+            raise detached(value.error)
         return value

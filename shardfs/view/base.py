@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import crc32c
 
-from shardfs.primitives.cache import LruCache
+from shardfs.primitives.cache import LruCache, detached
 from shardfs.primitives.errors import (
     CorruptData,
     NotADirectory,
@@ -278,7 +278,7 @@ class Reader:
 
     def read(self, offset: int, size: int) -> bytes:
         if self._failed is not None:
-            raise self._failed
+            raise detached(self._failed)  # the kept one gets no traceback (see `detached`)
         if offset >= self.size or size <= 0:
             return b""
         size = min(size, self.size - offset)
@@ -299,8 +299,9 @@ class Reader:
         try:
             return self._decode(stored)
         except CorruptData as e:
-            self._failed = logged_corruption(f"{self.path} (stored in {self._describe()}): {e}")
-            raise self._failed from None
+            message = f"{self.path} (stored in {self._describe()}): {e}"
+        self._failed = logged_corruption(message)
+        raise detached(self._failed)
 
     def _describe(self) -> str:
         assert self._pin is not None
@@ -317,7 +318,7 @@ class Reader:
                 except SourceChanged:
                     continue  # changed again while we looked: look again
                 except ShardfsError as e:
-                    self._failed = e
+                    self._failed = detached(e)
                     raise
         raise StorageError(f"{self._describe()} keeps changing while {self.path} is read")
 

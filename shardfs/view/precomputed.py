@@ -10,7 +10,10 @@ encoded bytes with the sharding's data_encoding undone. Everything else
 As in `shardfs.view.namespace`, nothing is scanned up front: a path is
 classified against the current `info` when it is asked for, and a shard's
 fixed index and minishard indexes are read when one of their chunks is
-needed, into one bounded LRU cache keyed by the shard's version.
+needed, into one bounded LRU cache keyed by the shard's version. What an index
+may cost is bounded before it is read: a minishard index by the chunks its
+minishard can hold and a share of that cache (`MINISHARD_SHARE`), a fixed index
+by reading one too big to keep (`WHOLE_INDEX_SHARE`) an entry at a time.
 
 Where requests are costly (S3), chunks are read through `ReadAhead`, one minishard
 at a time: a minishard's index is all that locates its chunks, and writers store
@@ -24,13 +27,14 @@ unrelated minishards and shards, so nothing is fetched ahead of those.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from shardfs.formats.precomputed import (
+    FIXED_ENTRY,
     GZIP_MIN,
     INFO,
     Minishard,
@@ -73,6 +77,15 @@ log = logging.getLogger("shardfs")
 MAX_SPAN = 16 << 20
 #: Minishards fetched ahead of a walker (see `ahead`).
 MINISHARDS_AHEAD = 2
+#: A minishard index may decode to at most index_cache / MINISHARD_SHARE bytes: decoded, it
+#: costs twice that in the cache (48 bytes a chunk), and others need room there too.
+MINISHARD_SHARE = 4
+#: A shard's fixed index is read whole (and cached) if it is at most index_cache /
+#: WHOLE_INDEX_SHARE bytes; a bigger one an entry (16 bytes) at a time for a lookup.
+WHOLE_INDEX_SHARE = 16
+#: Entries of a fixed index not read whole that one read covers when a listing, or a
+#: walker looking for its next minishards, goes through them (1 MiB).
+INDEX_PIECE = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,10 @@ class PrecomputedNamespace(SourceView):
         self, storage: Storage, index_cache: int = 64 << 20, read_cache: int = 64 << 20
     ) -> None:
         self.storage = storage
+        #: The most bytes a minishard index may decode to (see `Scale.minishard_limit`).
+        self.minishard_cap = index_cache // MINISHARD_SHARE
+        #: The most bytes of a fixed shard index read (and cached) whole.
+        self.whole_index = index_cache // WHOLE_INDEX_SHARE
         #: Fixed shard indexes, minishard indexes and gzip sizes of chunks, by shard version.
         self.indexes: LruCache[np.ndarray | _Run | int] = LruCache(
             index_cache, _cost, cache_errors=(CorruptData,)
@@ -248,7 +265,7 @@ class PrecomputedNamespace(SourceView):
         key = join(scale.key, scale.sharding.shard_name(shard))
 
         def find(stat: Stat) -> _Chunk | None:
-            start, end = (int(v) for v in self._shard_index(scale, key, stat)[minishard])
+            start, end = self._entry(scale, key, stat, minishard)
             if start == end:
                 return None
             run = self._minishard(scale, key, stat, shard, minishard, start, end)
@@ -262,37 +279,86 @@ class PrecomputedNamespace(SourceView):
             raise NotFound(path)
         return chunk
 
-    def _shard_index(self, scale: Scale, key: str, stat: Stat) -> np.ndarray:
-        def load() -> np.ndarray:
-            size = scale.sharding.index_size
-            return verified(
-                self.storage,
-                key,
-                stat,
-                lambda: scale.sharding.decode_shard_index(
-                    self.storage.read(key, 0, min(size, stat.size), stat.version), stat.size
-                ),
-            )
+    def _read_index(self, scale: Scale, key: str, stat: Stat, first: int, count: int) -> np.ndarray:
+        """`count` entries of the fixed index of shard `key` from minishard `first`, verified
+        (see `Sharding.decode_shard_index`); not cached."""
+        spec = scale.sharding
 
-        value = self.indexes.get(("index", key, stat.version), load)
+        def decode() -> np.ndarray:
+            spec.check_shard_size(stat.size)
+            raw = self.storage.read(key, FIXED_ENTRY * first, FIXED_ENTRY * count, stat.version)
+            return spec.decode_shard_index(raw, stat.size, first, count)
+
+        return verified(self.storage, key, stat, decode)
+
+    def _whole(self, scale: Scale) -> bool:
+        """Whether the fixed indexes of `scale` are read whole (see WHOLE_INDEX_SHARE)."""
+        return scale.sharding.index_size <= self.whole_index
+
+    def _shard_index(self, scale: Scale, key: str, stat: Stat) -> np.ndarray:
+        """The whole fixed index of a shard of a scale whose indexes are read whole."""
+        count = 1 << scale.sharding.minishard_bits
+        value = self.indexes.get(
+            ("index", key, stat.version), lambda: self._read_index(scale, key, stat, 0, count)
+        )
         assert isinstance(value, np.ndarray)
         return value
+
+    def _entry(self, scale: Scale, key: str, stat: Stat, minishard: int) -> tuple[int, int]:
+        """Where the index of `minishard` lies in shard `key`: [start, end). From the
+        whole fixed index if it is read whole, else from its one entry (16 bytes, cached):
+        a lookup never reads more of a big fixed index, even for a chunk no shard holds."""
+        if self._whole(scale):
+            start, end = self._shard_index(scale, key, stat)[minishard]
+        else:
+            value = self.indexes.get(
+                ("entry", key, stat.version, minishard),
+                lambda: self._read_index(scale, key, stat, minishard, 1),
+            )
+            assert isinstance(value, np.ndarray)
+            start, end = value[0]
+        return int(start), int(end)
+
+    def _used(
+        self, scale: Scale, key: str, stat: Stat, first: int, stop: int
+    ) -> Iterator[np.ndarray]:
+        """The non-empty entries of the fixed index of shard `key` among minishards
+        [first, stop), in order, as arrays of (minishard, start, end) rows: a fixed index
+        not read whole is read INDEX_PIECE entries at a time, each piece's non-empty
+        entries cached (a sparse index costs its cache almost nothing)."""
+        if self._whole(scale):
+            index = self._shard_index(scale, key, stat)[first:stop]
+            used = np.flatnonzero(index[:, 0] != index[:, 1])
+            yield np.column_stack([used + first, index[used]])
+            return
+        count = 1 << scale.sharding.minishard_bits
+        for piece in range(first // INDEX_PIECE, -(-stop // INDEX_PIECE)):
+            at = piece * INDEX_PIECE
+
+            def load(at: int = at) -> np.ndarray:
+                index = self._read_index(scale, key, stat, at, min(INDEX_PIECE, count - at))
+                used = np.flatnonzero(index[:, 0] != index[:, 1])
+                return np.column_stack([used + at, index[used]])
+
+            value = self.indexes.get(("used", key, stat.version, piece), load)
+            assert isinstance(value, np.ndarray)
+            yield value[(value[:, 0] >= first) & (value[:, 0] < stop)]
 
     def _minishard(
         self, scale: Scale, key: str, stat: Stat, shard: int, minishard: int, start: int, end: int
     ) -> _Run:
-        def load() -> _Run:
-            index = verified(
-                self.storage,
-                key,
-                stat,
-                lambda: scale.decode_minishard(
-                    self.storage.read(key, start, end - start, stat.version),
-                    shard,
-                    minishard,
-                    stat.size,
-                ),
+        cap = self.minishard_cap
+
+        def decode() -> Minishard:
+            # Bounded before it is read, and (gzip) while it is inflated.
+            scale.sharding.check_minishard_stored(
+                minishard, end - start, scale.minishard_limit(cap)
             )
+            raw = self.storage.read(key, start, end - start, stat.version)
+            return scale.decode_minishard(raw, shard, minishard, stat.size, cap)
+
+        def load() -> _Run:
+            index = verified(self.storage, key, stat, decode)
             return _Run(scale, key, stat, shard, minishard, index)
 
         value = self.indexes.get(("minishard", key, stat.version, minishard), load)
@@ -313,13 +379,14 @@ class PrecomputedNamespace(SourceView):
                 if found is None or found.is_dir:
                     return None
                 stat, after = found, -1
-            index = self._shard_index(scale, key, stat)
-            used = np.flatnonzero(index[after + 1 :, 0] != index[after + 1 :, 1]) + after + 1
-            if n <= len(used):
-                minishard = int(used[n - 1])
-                start, end = (int(v) for v in index[minishard])
-                return key, self._minishard(scale, key, stat, shard, minishard, start, end)
-            n -= len(used)
+            stop = 1 << scale.sharding.minishard_bits
+            if not self._whole(scale):  # look no further than one piece's worth ahead
+                stop = min(stop, after + 1 + INDEX_PIECE)
+            for used in self._used(scale, key, stat, after + 1, stop):
+                if n <= len(used):
+                    minishard, start, end = (int(v) for v in used[n - 1])
+                    return key, self._minishard(scale, key, stat, shard, minishard, start, end)
+                n -= len(used)
         return None
 
     def ahead(self, run: _Run) -> NextShard | None:
@@ -469,15 +536,17 @@ class PrecomputedNamespace(SourceView):
         """The chunk files of one shard (version `stat`): every chunk of every minishard."""
         key = join(directory, scale.sharding.shard_name(shard))
         chunks = []
-        for minishard, (start, end) in enumerate(self._shard_index(scale, key, stat).tolist()):
-            if start == end:
-                continue
-            run = self._minishard(scale, key, stat, shard, minishard, start, end)
-            found = run.index
-            for position, offset, size in zip(
-                found.positions.tolist(), found.offsets.tolist(), found.sizes.tolist(), strict=True
-            ):
-                chunks.append(_Chunk(run, tuple(position), offset, size))
+        for used in self._used(scale, key, stat, 0, 1 << scale.sharding.minishard_bits):
+            for minishard, start, end in used.tolist():
+                run = self._minishard(scale, key, stat, shard, minishard, start, end)
+                found = run.index
+                for position, offset, size in zip(
+                    found.positions.tolist(),
+                    found.offsets.tolist(),
+                    found.sizes.tolist(),
+                    strict=True,
+                ):
+                    chunks.append(_Chunk(run, tuple(position), offset, size))
         if scale.gzip_sizes:
             self._gzip_sizes(chunks)
         listing = []
