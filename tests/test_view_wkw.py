@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import wkw
 
 from shardfs.formats.wkw import PART_BLOCKS, morton_index
 from shardfs.storage import LocalStorage
@@ -124,6 +125,36 @@ def test_concurrent_readers_in_a_small_budget(lz4_mag: tuple[Path, dict[str, byt
     for reader in readers.values():
         reader.close()
     assert view.held.used == 0
+
+
+def test_a_dropped_block_is_freed(tmp_path: Path) -> None:
+    """What the budget counts is what the daemon holds: a block dropped to make room for
+    another (here of 2 MiB, each bigger than the budget) is freed, not kept alive
+    elsewhere, and so is the last once it idles."""
+    header = wkw.Header(np.uint64, block_len=64, file_len=1)
+    data = np.arange(2 * 64**3, dtype=np.uint64).reshape(1, 128, 64, 64)
+    with wkw.Dataset.create(str(tmp_path / "raw"), header) as dataset:
+        dataset.write((0, 0, 0), data)
+        dataset.compress(str(tmp_path / "mag"), compress_files=True).close()
+    block = 64**3 * 8
+    view = WkwNamespace(LocalStorage(str(tmp_path / "mag")), held_blocks=block // 2)
+    view.held.idle = 0.5
+    first, second = opened(view, "c/0/0/0/0"), opened(view, "c/0/1/0/0")
+    tracemalloc.start()
+    try:
+        assert first.read(0, 8) == data[0, 0, 0, 0].tobytes()
+        time.sleep(0.1)  # a pause: what drops idle blocks is waiting for the first
+        assert second.read(0, 8) == data[0, 64, 0, 0].tobytes()
+        assert view.held.used == block
+        assert tracemalloc.get_traced_memory()[0] < block + block // 2
+        deadline = time.monotonic() + 5
+        while view.held.used and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert tracemalloc.get_traced_memory()[0] < block // 2
+    finally:
+        tracemalloc.stop()
+    first.close()
+    second.close()
 
 
 @pytest.mark.parametrize("compressed", [False, True])

@@ -403,7 +403,8 @@ class HeldBlocks:
         """Drop blocks idle for `idle` seconds, while there are any held."""
         with self._lock:
             while self._held:
-                _, since = next(iter(self._held.values()))
+                # (only the time: a reference to the block would keep it while it waits)
+                since = next(iter(self._held.values()))[1]
                 wait = since + self.idle - time.monotonic()
                 if wait <= 0:
                     self._drop_oldest()
