@@ -126,8 +126,10 @@ def decode_cost(layer: Layer) -> tuple[float, int]:
     start = time.perf_counter()
     total = 0
     for content in contents:
-        for offset, size in header.extents(content[: header.prefix_size], len(content)).tolist():
-            total += len(header.decode(content[offset : offset + size]))
+        for part in range(header.blocks // header.part_blocks):
+            pieces = [content[o : o + n] for o, n in header.table_reads(part)]
+            for offset, size in header.extents(pieces, len(content), part).tolist():
+                total += len(header.decode(content[offset : offset + size]))
     return time.perf_counter() - start, total
 
 

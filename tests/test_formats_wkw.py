@@ -10,10 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from numcodecs import lz4
 
 from shardfs.formats.wkw import (
     HEADER_SIZE,
+    LZ4,
     LZ4HC,
+    PART_BLOCKS,
     RAW,
     Header,
     Mag,
@@ -24,7 +27,7 @@ from shardfs.formats.wkw import (
     zmetadata,
 )
 from shardfs.primitives.errors import CorruptData, InvalidMetadata
-from tests.wkw_data import BLOCK_LEN, FILE_LEN, write_mag
+from tests.wkw_data import BLOCK_LEN, FILE_LEN, header_bytes, write_mag
 
 CASES = [
     (dtype, channels, compressed)
@@ -74,9 +77,9 @@ def test_every_block_is_the_chunk_wkw_reads(
         file, index = mag.locate((x, y, z))
         if file not in tables:
             content = (directory / file_key(file)).read_bytes()
-            tables[file] = (content, header.extents(content[: header.prefix_size], len(content)))
-        content, extents = tables[file]
-        offset, size = extents[index]
+            tables[file] = (content, extents(header, content))
+        content, located = tables[file]
+        offset, size = located[index]
         chunk = header.decode(content[offset : offset + size])
         block = np.frombuffer(chunk, header.dtype).reshape((BLOCK_LEN,) * 3 + (channels,))
         b = BLOCK_LEN
@@ -114,7 +117,12 @@ def raw_file(tmp_path: Path) -> tuple[Header, bytes]:
 
 
 def extents(header: Header, content: bytes) -> np.ndarray:
-    return header.extents(content[: header.prefix_size], len(content))
+    """The extents of every block of a data file, part by part of its table."""
+    parts = []
+    for part in range(header.blocks // header.part_blocks):
+        pieces = [content[offset : offset + n] for offset, n in header.table_reads(part)]
+        parts.append(header.extents(pieces, len(content), part))
+    return np.concatenate(parts)
 
 
 def patched(content: bytes, at: int, value: bytes) -> bytes:
@@ -189,6 +197,71 @@ def test_raw_blocks_are_served_as_stored(raw_file: tuple[Header, bytes]) -> None
     header, content = raw_file
     offset, size = extents(header, content)[7]
     assert header.decode(content[offset : offset + size]) == content[offset : offset + size]
+
+
+# -- huge files: their tables are read in parts ---------------------------------------------
+
+
+def test_a_part_of_a_huge_table_is_read_alone() -> None:
+    """A file of 256^3 LZ4 blocks has a jump table of 128 MiB; the blocks of one part of
+    it (2^15) are located from its header and 8 * (2^15 + 1) bytes of it, wherever the
+    part is, and checked: corruption is reported at the block's index in the file."""
+    blocks, n = 1 << 24, PART_BLOCKS
+    start = HEADER_SIZE + 8 * blocks
+    header = Header.parse(header_bytes(LZ4, 0, 8))
+    assert header.part_blocks == n and header.blocks == blocks
+    size = start + 3 * blocks  # every block 3 bytes
+
+    def ends(first: int, last: int) -> np.ndarray:
+        """The end offsets of blocks first..last - 1."""
+        return start + 3 * np.arange(first + 1, last + 1, dtype=np.int64)
+
+    assert header.table_reads(0) == [(0, HEADER_SIZE + 8 * n)]
+    part = 300
+    reads = header.table_reads(part)
+    assert reads == [(0, HEADER_SIZE), (HEADER_SIZE + 8 * (part * n - 1), 8 * (n + 1))]
+    head = header_bytes(LZ4, 0, 8, start)
+    entries = ends(part * n - 1, (part + 1) * n).astype("<u8").tobytes()
+    found = header.extents([head, entries], size, part)
+    np.testing.assert_array_equal(found[:, 0], ends(part * n - 1, (part + 1) * n - 1))
+    assert (found[:, 1] == 3).all()
+    first = header.extents([head + ends(0, n).astype("<u8").tobytes()], size, 0)
+    assert (first[0, 0], first[-1, 0]) == (start, int(ends(n - 2, n - 1)[0]))
+    bad = bytearray(entries)
+    bad[8 * 7 : 8 * 8] = bytes(8)  # block part * n + 6 ends at 0
+    with pytest.raises(CorruptData, match=f"does not increase at block {part * n + 6}"):
+        header.extents([head, bytes(bad)], size, part)
+    with pytest.raises(CorruptData, match=f"does not increase at block {part * n - 1}"):
+        header.extents([head, struct.pack("<Q", start) + entries[8:]], size, part)
+    with pytest.raises(CorruptData, match="cannot hold its jump table"):
+        header.extents([head, entries[:-1]], size, part)
+    with pytest.raises(CorruptData, match="cannot hold its jump table"):
+        header.extents([head, entries], start - 1, part)
+    with pytest.raises(CorruptData, match="inside its jump table"):
+        header.extents([header_bytes(LZ4, 0, 8, start - 8), entries], size, part)
+
+
+def test_a_part_of_a_huge_raw_file() -> None:
+    """A raw file has no table: a part's blocks follow from its header alone (16 bytes),
+    and a file too small for all of its blocks is corrupt, whichever part is asked for."""
+    header = Header.parse(header_bytes(RAW, 0, 8))
+    assert header.table_reads(511) == [(0, HEADER_SIZE)]
+    head = header_bytes(RAW, 0, 8, HEADER_SIZE)
+    found = header.extents([head], HEADER_SIZE + (1 << 24), 511)
+    assert (int(found[0, 0]), len(found)) == (HEADER_SIZE + 511 * PART_BLOCKS, PART_BLOCKS)
+    with pytest.raises(CorruptData, match="cannot hold its blocks"):
+        header.extents([head], HEADER_SIZE + (1 << 24) - 1, 511)
+
+
+def test_a_stored_block_is_at_most_what_lz4_makes_of_it() -> None:
+    """LZ4's bound (`LZ4_COMPRESSBOUND`): what LZ4 makes of random bytes, the worst case,
+    fits (`wkw` wrote 32,898 bytes for a random block of 32,768)."""
+    header = Header(1, 32, 1, LZ4HC, np.dtype("uint8"), 1, 0)
+    assert header.stored_limit == 32768 + 128 + 16
+    noise = np.random.default_rng(0).integers(0, 256, header.block_bytes, np.uint8).tobytes()
+    stored = lz4.compress(noise)[4:]  # without numcodecs' size prefix
+    assert header.block_bytes < len(stored) <= header.stored_limit
+    assert len(header.decode(stored)) == header.block_bytes
 
 
 # -- properties and documents ----------------------------------------------------------------

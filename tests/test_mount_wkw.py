@@ -14,18 +14,20 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorstore as ts
+import wkw
 import zarr
 
 from shardfs.cli import main
-from shardfs.formats.wkw import Header
+from shardfs.formats.wkw import Header, morton_index
 from shardfs.storage import LocalStorage
 from shardfs.view import Role
-from shardfs.view.wkw import WkwNamespace
+from shardfs.view.wkw import HELD_BLOCKS, HOLD_IDLE, WkwNamespace
 from tests.conftest import Mounted
 from tests.s3 import S3Env
 from tests.test_checksum import reference
@@ -33,10 +35,12 @@ from tests.test_kernel_served import wait_for
 from tests.wkw_data import (
     BLOCK_LEN,
     FILE_LEN,
+    HUGE_FILE,
     arrays,
     expected_shape,
     make_dataset,
     read_wkw,
+    sparse_huge_file,
     write_mag,
 )
 from tests.zarr2 import Zarr2
@@ -306,6 +310,74 @@ def test_writes_are_refused(datasets: dict[str, Path], mount, tmp_path: Path) ->
     assert result.returncode != 0 and "WKW source: it cannot be written" in result.stderr
 
 
+# -- memory ----------------------------------------------------------------------------------
+
+
+def status(pid: int, field: str) -> int:
+    """A memory figure of /proc/PID/status (VmRSS, VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) << 10
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_idle_readers_of_big_lz4_blocks_hold_at_most_the_budget(tmp_path: Path, mount) -> None:
+    """Eight files of one LZ4 block of 64 MiB (`wkw` compressed it to 256 KiB), each opened,
+    read 4 KiB of and left open: the daemon holds at most `HELD_BLOCKS` of their blocks
+    (not 512 MiB), every file reads on correctly (its block decoded again), and what is
+    held goes once the readers idle."""
+    header = wkw.Header(np.uint64, num_channels=4, block_len=128, file_len=1)
+    block = np.zeros((4, 128, 128, 128), np.uint64)
+    block[:, :, :, 0] = np.arange(4 * 128 * 128, dtype=np.uint64).reshape(4, 128, 128)
+    source = tmp_path / "mag"
+    with wkw.Dataset.create(str(tmp_path / "raw"), header) as dataset:
+        dataset.write((0, 0, 0), block)
+        dataset.compress(str(source), compress_files=True).close()
+    for x in range(1, 8):
+        shutil.copy(source / "z0/y0/x0.wkw", source / f"z0/y0/x{x}.wkw")
+    chunk = block.transpose(3, 2, 1, 0).tobytes()
+    assert len(chunk) == 64 << 20
+    mounted: Mounted = mount(source)
+    pid = mounted.process.pid
+    base = status(pid, "VmRSS")
+    files, grown = [], 0
+    try:
+        for x in range(8):
+            files.append(open(mounted.path / f"c/0/{x}/0/0", "rb", buffering=0))  # noqa: SIM115
+            assert files[-1].read(4096) == chunk[:4096]
+            grown = max(grown, status(pid, "VmRSS") - base)
+        assert grown < HELD_BLOCKS + (64 << 20), grown >> 20
+        assert files[0].read() == chunk[4096:]  # dropped: decoded again
+        assert wait_for(lambda: status(pid, "VmRSS") - base < 32 << 20, HOLD_IDLE + 10)
+    finally:
+        for file in files:
+            file.close()
+    assert not error_lines(mounted), mounted.log()
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_byte_of_a_file_with_a_huge_table_is_cheap(
+    tmp_path: Path, mount, compressed: bool
+) -> None:
+    """A data file of 256^3 one-byte blocks (sparse; raw, or LZ4 after a jump table of
+    128 MiB): a chunk file of it reads in well under 0.2 s, and the daemon's peak memory
+    barely moves, on the first read and on the next (a part of the table is kept)."""
+    position = (200, 100, 50)
+    value = sparse_huge_file(tmp_path / "mag", compressed, morton_index(position, HUGE_FILE))
+    mounted: Mounted = mount(tmp_path / "mag")
+    pid = mounted.process.pid
+    peak = status(pid, "VmHWM")
+    for x in (200, 201):
+        path = mounted.path / f"c/0/{x}/100/50"
+        start = time.monotonic()
+        got = path.read_bytes()
+        assert time.monotonic() - start < 0.2
+        if x == 200:
+            assert got == value
+    assert status(pid, "VmHWM") - peak < 16 << 20
+    assert not error_lines(mounted), mounted.log()
+
+
 # -- the command line ------------------------------------------------------------------------
 
 
@@ -368,7 +440,7 @@ def test_on_s3(
         gets = [e for e in s3.proxy.log() if e[0] == "GET" and e[1].startswith(f"src/{key}/z")]
         files = {k for _, k, _, _ in gets}
         header = Header.parse((datasets["lz4hc"] / key / "header.wkw").read_bytes())
-        tables = [k for _, k, r, _ in gets if r == f"bytes=0-{header.prefix_size - 1}"]
+        tables = [k for _, k, r, _ in gets if r == f"bytes=0-{header.table_reads(0)[0][1] - 1}"]
         assert sorted(tables) == sorted(files), gets
         blocks = len(expected_chunks(datasets["lz4hc"] / key, data))
         if exact:

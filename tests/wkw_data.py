@@ -11,6 +11,7 @@ files; raw files, or LZ4HC ones compressed by `wkw` from the raw ones.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,3 +126,51 @@ def read_wkw(directory: Path, shape: tuple[int, ...]) -> np.ndarray:
     """What `wkw` reads from a magnification: (c, x, y, z) from voxel 0."""
     with wkw.Dataset.open(str(directory)) as dataset:
         return dataset.read((0, 0, 0), shape[-3:])
+
+
+# -- hand-made files: what `wkw` cannot write (it takes block and file lengths up to 128) ------
+
+
+def header_bytes(
+    block_type: int, block_len: int, file_len: int, data_offset: int = 0, voxel_size: int = 1
+) -> bytes:
+    """A WKW header of uint8 voxels (`voxel_size` channels), lengths given by their log2."""
+    lengths = file_len << 4 | block_len
+    return struct.pack("<3sBBBBBQ", b"WKW", 1, lengths, block_type, 1, voxel_size, data_offset)
+
+
+HUGE_FILE = 8  #: log2 of the biggest file length shardfs serves: files of 256^3 blocks
+
+
+def sparse_huge_file(directory: Path, compressed: bool, index: int) -> bytes:
+    """A bare magnification of one data file of 256^3 blocks of one uint8 voxel, held as a
+    sparse file: raw (16 MiB), or LZ4 (2 bytes per block, after a jump table of 128 MiB)
+    with only the part of the table that locates block `index` (its part of 2^15
+    blocks, and the end of the block before) and that part's blocks written. What
+    block `index` holds."""
+    blocks = 1 << 3 * HUGE_FILE
+    directory.mkdir(parents=True)
+    path = directory / "z0/y0/x0.wkw"
+    path.parent.mkdir(parents=True)
+    value = bytes([index % 251 + 1])
+    if not compressed:
+        (directory / "header.wkw").write_bytes(header_bytes(1, 0, HUGE_FILE))
+        with open(path, "wb") as f:
+            f.write(header_bytes(1, 0, HUGE_FILE, 16))
+            f.seek(16 + index)
+            f.write(value)
+            f.truncate(16 + blocks)
+        return value
+    start = 16 + 8 * blocks
+    (directory / "header.wkw").write_bytes(header_bytes(2, 0, HUGE_FILE))
+    first = index - index % (1 << 15)
+    part = np.arange(max(first - 1, 0), first + (1 << 15), dtype="<u8")
+    with open(path, "wb") as f:
+        f.write(header_bytes(2, 0, HUGE_FILE, start))
+        f.seek(16 + 8 * int(part[0]))
+        f.write((start + 2 * (part + 1)).astype("<u8").tobytes())  # block i ends there
+        f.seek(start + 2 * first)
+        for i in range(first, first + (1 << 15)):  # one literal: a 1-byte LZ4 block
+            f.write(b"\x10" + bytes([i % 251 + 1]))
+        f.truncate(start + 2 * blocks)
+    return value

@@ -15,7 +15,10 @@ of (block length)^3 voxels in Morton order (x the lowest bit). Raw blocks
 are all the same size, from the data offset on. Compressed files have a jump
 table after the header: one u64 absolute end offset per block, the first
 block starting at the data offset; each block is a bare LZ4 block (no frame,
-no size prefix). In a block x varies fastest, then y, then z, and a voxel's
+no size prefix). A block's place is known from two entries of the table (its
+end and the one before), so the table is read in parts (`PART_BLOCKS`): a
+file of 256^3 blocks has a table of 128 MiB, and one block of it must not
+cost reading that. In a block x varies fastest, then y, then z, and a voxel's
 channels are stored together: C order of (z, y, x, c).
 
 The view shows a magnification as an array of axes (c, x, y, z) whose chunks
@@ -62,9 +65,13 @@ VOXEL_TYPES = (
 )
 #: The biggest block shardfs serves: one chunk file is one block, held in memory.
 MAX_BLOCK = 1 << 30
-#: The most blocks a file may have (files of 256^3; webknossos writes 32^3): a jump table
-#: is read whole, and a listing makes a name per block.
+#: The most blocks a file may have (files of 256^3; webknossos writes 32^3): a listing
+#: makes a name per block.
 MAX_FILE_BLOCKS = 1 << 24
+#: The blocks of a part of a file's table, read, checked and kept together: the whole
+#: table of the files webknossos writes (32^3 blocks, 256 KiB of table), 1/512 of the
+#: biggest.
+PART_BLOCKS = 1 << 15
 #: The view's axes: what webknossos' own Zarr layers and its Zarr streaming use.
 AXES = ("c", "x", "y", "z")
 #: A chunk's bytes (C order of (z, y, x, c)) as the v3 transpose codec says it.
@@ -137,10 +144,11 @@ class Header:
 
     @property
     def stored_limit(self) -> int:
-        """The most bytes a compressed block may take: twice a block (LZ4 output grows by
-        well under 1%, plus a few bytes: `wkw` wrote 2073 bytes for a 2048-byte block), so
-        that a corrupt jump table cannot make a reader hold a whole file."""
-        return 2 * self.block_bytes + 64
+        """The most bytes a compressed block may take: LZ4's bound for a block's bytes
+        (`LZ4_COMPRESSBOUND`, what the incompressible block takes as literals; `wkw` wrote
+        32,898 bytes for a random block of 32,768), so that a corrupt jump table cannot
+        make a reader fetch more than a block's worth."""
+        return self.block_bytes + self.block_bytes // 255 + 16
 
     @property
     def blocks(self) -> int:
@@ -153,9 +161,22 @@ class Header:
         return self.block_len * self.file_len
 
     @property
-    def prefix_size(self) -> int:
-        """What one read of a data file's start must fetch: its header and jump table."""
-        return HEADER_SIZE + (8 * self.blocks if self.compressed else 0)
+    def part_blocks(self) -> int:
+        """The blocks of a part of a data file's table (see `PART_BLOCKS`)."""
+        return min(self.blocks, PART_BLOCKS)
+
+    def table_reads(self, part: int) -> list[tuple[int, int]]:
+        """The ranges (offset, length) of a data file that `extents` of part `part` of its
+        table needs: its first bytes (the header, and the first part's jump table) for the
+        first part and for every part of a raw file; the header and the end offsets of the
+        part's blocks and of the block before them for any other: 8 bytes per block."""
+        n = self.part_blocks
+        if not self.compressed:
+            return [(0, HEADER_SIZE)]
+        if part == 0:
+            return [(0, HEADER_SIZE + 8 * n)]
+        start = HEADER_SIZE + 8 * (part * n - 1)
+        return [(0, HEADER_SIZE), (start, 8 * (n + 1))]
 
     def same_layout(self, other: Header) -> bool:
         """Whether a data file's header agrees with its magnification's (bar the offset)."""
@@ -175,43 +196,64 @@ class Header:
             other.channels,
         )
 
-    def extents(self, prefix: bytes, file_size: int) -> np.ndarray:
-        """(offset, stored size) of every block of a data file of `file_size` bytes, by its
-        index in the file, from the file's first `prefix_size` bytes; CorruptData if they
-        are not a header like this one, or place a block outside the file."""
-        found = Header.parse(prefix)
+    def extents(self, pieces: list[bytes], file_size: int, part: int = 0) -> np.ndarray:
+        """(offset, stored size) of the blocks of part `part` of the table of a data file of
+        `file_size` bytes (blocks `part * part_blocks` on, by index in the file), from
+        the ranges `table_reads(part)` names; CorruptData if they are not a header like
+        this one, or place a block outside the file. What does not depend on the part
+        (the header, where the data starts, whether the file holds its table or its raw
+        blocks) is checked for every part: a part never costs more than its own entries."""
+        found = Header.parse(pieces[0])
         if not found.same_layout(self):
             raise CorruptData(
                 f"its header ({found.describe()}) disagrees with the magnification's "
                 f"({self.describe()})"
             )
-        start = found.data_offset
+        start, n = found.data_offset, self.part_blocks
+        first = part * n
         if not self.compressed:
             end = start + self.blocks * self.block_bytes
             if start < HEADER_SIZE or end > file_size:
                 raise CorruptData(f"{file_size} bytes cannot hold its blocks up to byte {end}")
-            offsets = start + self.block_bytes * np.arange(self.blocks, dtype=np.int64)
-            return np.stack([offsets, np.full(self.blocks, self.block_bytes, np.int64)], axis=1)
-        if len(prefix) < self.prefix_size:
+            offsets = start + self.block_bytes * np.arange(first, first + n, dtype=np.int64)
+            return np.stack([offsets, np.full(n, self.block_bytes, np.int64)], axis=1)
+        table_end = HEADER_SIZE + 8 * self.blocks
+        if file_size < table_end:
             raise CorruptData(f"{file_size} bytes cannot hold its jump table")
-        if start < self.prefix_size:
+        if start < table_end:
             raise CorruptData(f"its data offset {start} lies inside its jump table")
-        ends = np.frombuffer(prefix, "<u8", self.blocks, HEADER_SIZE)
+        wanted = [length for _, length in self.table_reads(part)]
+        if [len(p) for p in pieces] != wanted:
+            raise CorruptData(f"{file_size} bytes cannot hold its jump table")
+        if part == 0:
+            before, ends = start, np.frombuffer(pieces[0], "<u8", n, HEADER_SIZE)
+        else:
+            before, ends = (
+                int.from_bytes(pieces[1][:8], "little"),
+                np.frombuffer(pieces[1], "<u8", n, 8),
+            )
+            if before <= start or before > file_size:
+                raise CorruptData(f"its jump table does not increase at block {first - 1}")
         if int(ends.max()) > file_size:
             raise CorruptData(f"its jump table points to byte {int(ends.max())}, past its end")
         ends = ends.astype(np.int64)
-        starts = np.concatenate([[start], ends[:-1]])
+        starts = np.concatenate([[before], ends[:-1]])
         if (ends <= starts).any():
-            i = int(np.argmax(ends <= starts))
+            i = first + int(np.argmax(ends <= starts))
             raise CorruptData(f"its jump table does not increase at block {i}")
         sizes = ends - starts
         if (sizes > self.stored_limit).any():
             i = int(np.argmax(sizes > self.stored_limit))
-            raise CorruptData(f"its block {i} is {int(sizes[i])} bytes, more than LZ4 makes")
+            raise CorruptData(
+                f"its block {first + i} is {int(sizes[i])} bytes, more than LZ4 makes"
+            )
         return np.stack([starts, sizes], axis=1)
 
     def decode(self, stored: bytes) -> bytes:
-        """A block's bytes as stored, decoded: exactly `block_bytes` of them."""
+        """A block's bytes as stored, decoded: exactly `block_bytes` of them. What an LZ4
+        block decodes into is allocated at that size and never grows: a block that would
+        decode to more fails (as one that decodes to fewer), so a decode takes its block
+        and a copy of its stored bytes, at most `stored_limit`."""
         if not self.compressed:
             data = stored
         else:

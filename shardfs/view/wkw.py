@@ -10,19 +10,29 @@ directory, replaces the WKW files by one chunk file per block: `c/0/X/Y/Z`
 of blocks). Other files of the dataset pass through.
 
 A chunk file's size is known from the header alone, so stat and listings
-read no data file. A data file's header and jump table are read with one
-request the first time one of its blocks is opened, checked against the
-magnification's header, and cached by the file's version; a block is then
-one ranged read (through `ReadAhead` where requests are costly), LZ4 blocks
-decoded. A file changed while a block of it is open fails the reads rather
-than mixing versions.
+read no data file. A data file's header and the part of its jump table that
+locates a block (`PART_BLOCKS` blocks: the whole table of the files
+webknossos writes) are read the first time one of its blocks is opened,
+checked against the magnification's header, and cached by the file's version
+and part; a block is then one ranged read (through `ReadAhead` where requests
+are costly), LZ4 blocks decoded. A file changed while a block of it is open
+fails the reads rather than mixing versions.
+
+A block is read whole (LZ4 decodes only whole), and the kernel reads it in
+pieces, so an open chunk file holds its block between reads; what all open
+files hold is in one byte budget (`HeldBlocks`), made room in before a block
+is fetched and decoded, so that readers that stop half way cannot make the
+daemon hold a block each.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -48,6 +58,7 @@ from shardfs.formats.wkw import (
 )
 from shardfs.formats.zarr_v2 import ZMETADATA
 from shardfs.formats.zarr_v2 import render as render_v2
+from shardfs.primitives.blocking import WouldBlock, check_may_block, may_block
 from shardfs.primitives.cache import LruCache
 from shardfs.primitives.errors import (
     CorruptData,
@@ -73,6 +84,12 @@ from shardfs.view.presentation import View
 from shardfs.view.readahead import Extents, ReadAhead
 
 log = logging.getLogger("shardfs")
+
+#: What the blocks that open chunk files hold between reads may take, all together
+#: (a block bigger than this is held alone).
+HELD_BLOCKS = 256 << 20
+#: Seconds a block stays held for an open file that does not read on.
+HOLD_IDLE = 5.0
 
 
 @dataclass(frozen=True)
@@ -251,13 +268,14 @@ def _documents(
 
 @dataclass(frozen=True, eq=False)
 class _Table:
-    """Where the blocks of version `stat` of data file `key` are: (offset, stored size) by
-    index in the file. What read-ahead walks."""
+    """Where the blocks of part `part` of the table of version `stat` of data file `key`
+    are: (offset, stored size) by index from the part's first block. What read-ahead
+    walks (walks of two parts are told apart)."""
 
     key: str
     stat: Stat
+    part: int
     entries: np.ndarray
-    part: None = field(default=None, init=False)
 
     @cached_property
     def extents(self) -> Extents:
@@ -286,6 +304,160 @@ class _ChunkDir:
     prefix: tuple[int, ...]
 
 
+class HeldBlocks:
+    """The whole blocks that open chunk files hold between reads, in one byte budget.
+
+    A chunk file that is read whole (an LZ4 block, which decodes only whole, or
+    a small raw block) is read in pieces by the kernel, and a reader may stop
+    half way and keep the file open for good. So what a file holds is counted
+    here, and room is made before a block is fetched and decoded: by dropping
+    what idle files hold, least recently read first (a file whose block was
+    dropped fetches and decodes it again if it reads on), and, while blocks being
+    decoded fill the budget, by waiting for them. What is held and being decoded
+    never exceeds the budget, except for one block alone when it is bigger. A
+    block not read for `HOLD_IDLE` seconds is dropped too. Thread-safe.
+    """
+
+    def __init__(self, budget: int, idle: float = HOLD_IDLE) -> None:
+        self.budget = budget
+        self.idle = idle
+        self._lock = threading.Lock()
+        #: What a read that needs room waits on.
+        self._room = threading.Condition(self._lock)
+        #: What the thread that drops idle blocks waits on (never notified: it waits for
+        #: the oldest block's time, and a block dropped meanwhile only wakes it early).
+        self._clock = threading.Condition(self._lock)
+        #: The blocks of idle files by file, least recently read first, with when.
+        self._held: OrderedDict[object, tuple[bytes, float]] = OrderedDict()
+        #: Bytes held, and taken by reads under way.
+        self.used = 0
+        self.hits = 0
+        self.loads = 0
+        self.dropped = 0
+        self._sweeping = False
+
+    def snapshot(self) -> dict[str, int]:
+        """Its figures for `shardfs stats`: reads that found their block held (hits) or
+        loaded it (misses), blocks dropped, bytes held of the budget."""
+        with self._lock:
+            return {
+                "hits": self.hits,
+                "misses": self.loads,
+                "evictions": self.dropped,
+                "used": self.used,
+                "budget": self.budget,
+            }
+
+    def take(self, owner: object) -> bytes | None:
+        """The block `owner` holds, if it was not dropped; its bytes stay counted until
+        `settle`."""
+        with self._lock:
+            item = self._held.pop(owner, None)
+            if item is None:
+                return None
+            self.hits += 1
+            return item[0]
+
+    def reserve(self, nbytes: int) -> int:
+        """Count `nbytes` that a read is about to load, once there is room; `nbytes`."""
+        with self._lock:
+            while self.used and self.used + nbytes > self.budget:
+                if self._held:
+                    self._drop_oldest()
+                    continue
+                if not may_block():
+                    raise WouldBlock
+                self._room.wait()
+            self.used += nbytes
+            self.loads += 1
+        return nbytes
+
+    def settle(self, owner: object, counted: int, keep: bytes | None) -> None:
+        """A read of `owner` is done: the `counted` bytes it took or reserved are free,
+        and `keep`, if given, is held for it until its next read."""
+        with self._lock:
+            self.used -= counted
+            if keep is not None:
+                self.used += len(keep)
+                self._held[owner] = (keep, time.monotonic())
+                if not self._sweeping:
+                    self._sweeping = True
+                    threading.Thread(target=self._sweep, name="shardfs-held", daemon=True).start()
+            self._room.notify_all()
+
+    def drop(self, owner: object) -> None:
+        """`owner` was closed: what it holds is free."""
+        with self._lock:
+            item = self._held.pop(owner, None)
+            if item is not None:
+                self.used -= len(item[0])
+                self._room.notify_all()
+
+    def _drop_oldest(self) -> None:
+        _, (data, _) = self._held.popitem(last=False)
+        self.used -= len(data)
+        self.dropped += 1
+        self._room.notify_all()
+
+    def _sweep(self) -> None:
+        """Drop blocks idle for `idle` seconds, while there are any held."""
+        with self._lock:
+            while self._held:
+                # (only the time: a reference to the block would keep it while it waits)
+                since = next(iter(self._held.values()))[1]
+                wait = since + self.idle - time.monotonic()
+                if wait <= 0:
+                    self._drop_oldest()
+                else:
+                    self._clock.wait(wait)
+            self._sweeping = False
+
+
+class _BlockReader(Reader):
+    """A chunk file: a `Reader` whose block, when it is read whole, is held between reads
+    in the view's `HeldBlocks` rather than by the reader, so that what idle open files
+    hold stays within that budget. Reads of one file run one at a time (the kernel
+    sends several at once), so that a block is loaded once for them."""
+
+    def __init__(self, held: HeldBlocks, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._held = held
+        self._serving = threading.Lock()
+        #: What a load takes beyond the block: its stored bytes, and their copy that the
+        #: LZ4 decoder reads (see `Header.decode`).
+        self._transient = 2 * self._stored if self._decode is not None else 0
+
+    def read(self, offset: int, size: int) -> bytes:
+        if not self._whole:
+            return super().read(offset, size)
+        if self._failed is not None:
+            raise self._failed
+        if offset >= self.size or size <= 0:
+            return b""
+        size = min(size, self.size - offset)
+        if not self._serving.acquire(blocking=may_block()):
+            raise WouldBlock
+        try:
+            data = self._held.take(self)
+            counted, keep = 0 if data is None else len(data), None
+            try:
+                if data is None:
+                    check_may_block()  # a fetch and a decode: in a worker thread
+                    counted = self._held.reserve(self.size + self._transient)
+                    data = self._load()
+                # Read to the end: a sequential reader is done with it.
+                keep = data if offset + size < self.size else None
+                return data[offset : offset + size]
+            finally:
+                self._held.settle(self, counted, keep)
+        finally:
+            self._serving.release()
+
+    def close(self) -> None:
+        self._held.drop(self)
+        super().close()
+
+
 #: What a view path is: a rendered document, a chunk, a chunk directory, a magnification
 #: directory, or a source file or directory.
 _Target = bytes | _Block | _ChunkDir | Mag | Stat
@@ -302,15 +474,19 @@ class WkwNamespace(SourceView):
         view: View = View.V3,
         index_cache: int = 64 << 20,
         read_cache: int = 64 << 20,
+        held_blocks: int = HELD_BLOCKS,
     ) -> None:
         self.storage = storage
         self.view = view
         self.names: ChunkKeyEncoding = V3_NAMES if view is View.V3 else V2_NAMES
         self.metadata_key = _metadata_key(storage) or PROPERTIES
-        #: Data files' block tables, by file version (corrupt ones too: logged once).
+        #: Parts of data files' block tables, by file version and part (corrupt ones too:
+        #: logged once).
         self.tables: LruCache[_Table] = LruCache(
             index_cache, lambda t: t.cost, cache_errors=(CorruptData,)
         )
+        #: Whole blocks that open chunk files hold between reads.
+        self.held = HeldBlocks(held_blocks)
         #: Blocks fetched ahead of their reads (only on stores with costly requests).
         self.read_ahead = ReadAhead(storage, read_cache)
         #: The dataset by version of its metadata file; None once it is not valid.
@@ -324,6 +500,11 @@ class WkwNamespace(SourceView):
             "metadata": self.datasets,
             "read-ahead": self.read_ahead,
         }
+
+    def stats(self) -> dict[str, Any]:
+        figures = super().stats()
+        figures["caches"]["held blocks"] = self.held.snapshot()
+        return figures
 
     def digest_source(self, node: Node) -> None:
         return None  # `user.md5` is a Zarr view's
@@ -503,10 +684,12 @@ class WkwNamespace(SourceView):
         if isinstance(target, Stat):
             return stored_file(self.storage, node.path, node.path, target)
         header = target.mag.header
-        table = self._table(header, target.key, target.stat)
         _, index = target.mag.locate(target.block)
-        offset, stored = (int(v) for v in table.entries[index])
-        return Reader(
+        part, row = divmod(index, header.part_blocks)
+        table = self._table(header, target.key, target.stat, part)
+        offset, stored = (int(v) for v in table.entries[row])
+        return _BlockReader(
+            self.held,
             self.storage,
             node.path,
             target.stat,
@@ -518,8 +701,14 @@ class WkwNamespace(SourceView):
             chunk=Chunk(self.read_ahead, table),
         )
 
-    def _table(self, header: Header, key: str, stat: Stat) -> _Table:
-        """The block table of version `stat` of a data file: one read of its start."""
+    def _table(self, header: Header, key: str, stat: Stat, part: int) -> _Table:
+        """Part `part` of the block table of version `stat` of a data file: one read of
+        its start (the header and the first part), or two (the header, and the part's
+        entries): never more than `PART_BLOCKS` entries, whatever the file's size."""
+
+        def read(offset: int, length: int) -> bytes:
+            length = min(length, stat.size - offset)
+            return self.storage.read(key, offset, length, stat.version) if length > 0 else b""
 
         def load() -> _Table:
             entries = verified(
@@ -527,10 +716,9 @@ class WkwNamespace(SourceView):
                 key,
                 stat,
                 lambda: header.extents(
-                    self.storage.read(key, 0, min(header.prefix_size, stat.size), stat.version),
-                    stat.size,
+                    [read(*r) for r in header.table_reads(part)], stat.size, part
                 ),
             )
-            return _Table(key, stat, entries)
+            return _Table(key, stat, part, entries)
 
-        return self.tables.get((key, stat.version), load)
+        return self.tables.get((key, stat.version, part), load)
