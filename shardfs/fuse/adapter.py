@@ -150,6 +150,17 @@ def _send(
     return sent
 
 
+def _source(node: Node, attr: Attr, seen: dict[str, Stat | None] | None) -> tuple[str, Stat] | None:
+    """The object (key, and its version as shown) that the bytes of a file come from, where
+    it is one: a chunk's shard, a passed-through file (`seen` is what the reply was made
+    from). What a kernel-served mount numbers a file's versions by (`InodeTable`)."""
+    if attr.shard is not None or seen is None or node.role is not Role.FILE:
+        return attr.shard
+    key = node.source or node.path
+    stat = seen.get(key)
+    return None if stat is None or stat.is_dir else (key, stat)
+
+
 async def _invalidate(inode: int) -> None:
     """Have the kernel drop the pages and attributes it keeps of `inode`. From a worker
     thread, after the request that found it stale has been answered: the kernel may
@@ -329,10 +340,9 @@ class Operations(pyfuse3.Operations):
         self._opened: dict[int, Hashable] = {}
         #: the show whose reads last failed, by inode: logged once
         self._failed_shows: dict[int, int] = {}
-        # a listing's window of prepared rows goes with it
-        self._dir_listings: _ByInode[int, Listing] = _ByInode(
-            INODE_LISTINGS, lambda inode, _: self._windows.pop(inode, None)
-        )
+        # a listing's window of prepared rows, and the versions it was made from, go with it
+        self._dir_listings: _ByInode[int, Listing] = _ByInode(INODE_LISTINGS, self._listing_gone)
+        self._listing_seen: dict[int, dict[str, Stat | None]] = {}
         #: the latest listings shown, by directory path, with their shows: where the chunk
         #: files they showed are stored (see `_extent`)
         self._listed: _ByInode[str, tuple[Shown, Listing]] = _ByInode(
@@ -409,20 +419,20 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         """The entry of a node the kernel now holds one more reference to; `seen`, the
         versions its attributes come from, is recorded as shown (kernel-served mounts)."""
-        ino = self.inodes.assign(node, attr.shard)
+        ino = self.inodes.assign(node, _source(node, attr, seen))
         self.inodes.ref(ino)
         self._keep_budget()
         if seen is not None:
-            if attr.shard is not None and self.inodes.slot(ino) is not None:
-                self._chunk_shown(ino, attr, seen)
+            if self.inodes.version(ino) is not None:
+                self._version_shown(ino, attr, seen)
             else:
                 attr = self._shown(ino, attr, seen)
         return self._entry(ino, attr)
 
-    def _chunk_shown(self, ino: int, attr: Attr, seen: dict[str, Stat | None]) -> None:
-        """A chunk file `ino` was shown (kernel-served mounts): its node id names the
-        versions its attributes come from, so only they are kept readable, and where its
-        bytes are stored, if its lookup found that."""
+    def _version_shown(self, ino: int, attr: Attr, seen: dict[str, Stat | None]) -> None:
+        """A file `ino` was shown (kernel-served mounts) whose node id names the versions
+        its attributes come from: only they are kept readable, and where its bytes are
+        stored, if its lookup found that."""
         assert self.versions is not None
         self.versions.keep(seen)
         if attr.extent is not None:
@@ -505,8 +515,8 @@ class Operations(pyfuse3.Operations):
                     _, _, index, attr, seen = found  # type: ignore[misc]
                     ino = held[0] + index
                     held[1].refs += 1  # `InodeTable.ref`, inline
-                    self.versions.keep(seen)  # type: ignore[union-attr]  # `_chunk_shown`, inline
-                    if attr.extent is not None:  # `_chunk_shown`, inline
+                    self.versions.keep(seen)  # type: ignore[union-attr]  # `_version_shown`, inline
+                    if attr.extent is not None:  # `_version_shown`, inline
                         extents = self._extents
                         extents[ino] = attr.extent
                         if len(extents) > EXTENTS_KEPT:
@@ -571,10 +581,10 @@ class Operations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if self.inodes.removed(inode):
             return self._entry(inode, self._open_file_of(inode).attr(), removed=True)
-        slot = self.inodes.slot(inode) if self.versions is not None else None
-        if slot is not None and slot.shown is not None:
-            # A chunk file's node id names one version: its attributes as of that version,
-            # never the source's now (the kernel may apply this reply after a newer one).
+        slot = self.inodes.version(inode) if self.versions is not None else None
+        if slot is not None:
+            # The node id names one version: its attributes as of that version, never the
+            # source's now (the kernel may apply this reply after a newer one).
             node = self._node(inode)
             try:
                 attr = await self._run(self._attr_as_of, node, slot.shown)
@@ -627,7 +637,13 @@ class Operations(pyfuse3.Operations):
                 self._listed.put(node.path, (shown, listing))
             self._drop_listing(inode)
             self._dir_listings.put(inode, listing)
+            if seen is not None:
+                self._listing_seen[inode] = seen
         return listing
+
+    def _listing_gone(self, inode: int, _: Listing) -> None:
+        self._windows.pop(inode, None)
+        self._listing_seen.pop(inode, None)
 
     def _drop_listing(self, inode: int) -> None:
         self._dir_listings.drop(inode)
@@ -641,9 +657,10 @@ class Operations(pyfuse3.Operations):
             listing = await self._inode_listing(fh, start_id)
         else:
             listing = self._listings[fh]
+        seen = self._listing_seen.get(fh) if self.config.kernel_served else None
         for position in range(start_id, len(listing.entries)):
             name, node, attr = listing.entries[position]
-            ino = self.inodes.assign(node)
+            ino = self.inodes.assign(node, _source(node, attr, seen))
             live = self._readers.get(ino) if self.config.kernel_served else None
             if live is not None:
                 attr = live.reader.attr()
@@ -794,9 +811,9 @@ class Operations(pyfuse3.Operations):
                 self._readers.move_to_end(inode)
             else:
                 node = None
-                slot = self.inodes.slot(inode)
-                if slot is not None and slot.shown is not None:
-                    # A chunk file: its node id names the version to serve (`InodeTable`).
+                slot = self.inodes.version(inode)
+                if slot is not None:
+                    # Its node id names the version to serve (`InodeTable`).
                     shown = slot.shown
                     extent = self._extents.get(inode)  # the common case: its lookup's
                     if extent is None:
@@ -892,7 +909,7 @@ class Operations(pyfuse3.Operations):
         if not await self._run(self.versions.changed, shown):
             return error  # the source holds what was shown: a failure of its own
         trio.lowlevel.spawn_system_task(_invalidate, inode)
-        if self.inodes.slot(inode) is not None:
+        if self.inodes.version(inode) is not None:
             # Its node id names the version that is gone: the kernel must look the name
             # up again to learn the one there is now.
             directory, _, name = path.rpartition("/")

@@ -46,6 +46,18 @@ SLOTS = (1 << (63 - SHIFT)) - 1
 VERSIONED_SLOTS = 1 << 20
 
 
+class FileVersion:
+    """A counted node id of a versioned table: one file at one version of the object its
+    bytes come from (`shard`: its key and stat), as `shown`."""
+
+    __slots__ = ("by_path", "shard", "shown")
+
+    def __init__(self, by_path: Hashable, shard: tuple[str, Stat]) -> None:
+        self.by_path = by_path
+        self.shard = shard
+        self.shown = Shown(-1, 0.0, {shard[0]: shard[1]})
+
+
 class Slot:
     """What the derived numbers of one slot stand for: an array's chunks (`grid`) as of
     `array`, and on a versioned table as of `shown`: the array's document and one shard,
@@ -83,7 +95,10 @@ class InodeTable:
         #: a slot per version of each shard (kernel-served mounts: see the module's docstring)
         self.versioned = versioned
         self._nodes: dict[int, Node] = {pyfuse3.ROOT_INODE: root}
-        self._by_path: dict[str, int] = {root.path: pyfuse3.ROOT_INODE}
+        #: by path, or on a versioned table by (path, key, version) for a file
+        self._by_path: dict[Hashable, int] = {root.path: pyfuse3.ROOT_INODE}
+        #: the counted node ids of a versioned table that name one version of a file
+        self._file_versions: dict[int, FileVersion] = {}
         self._counts: dict[int, int] = {}
         self._next = pyfuse3.ROOT_INODE + 1
         self._slots: dict[int, Slot] = {}
@@ -269,6 +284,7 @@ class InodeTable:
             derived = self._derived(node, shard)
             if derived is not None:
                 return derived
+            return self._file_version(node, shard)
         ino = self._by_path.get(node.path)
         if ino is None:
             derived = self._derived(node, shard)
@@ -279,6 +295,27 @@ class InodeTable:
             self._by_path[node.path] = ino
         self._nodes[ino] = node
         return ino
+
+    def _file_version(self, node: Node, shard: tuple[str, Stat]) -> int:
+        """A counted node id for `node` as of `shard`'s version: a file whose bytes come
+        from one object (passed through, or a chunk whose slots ran out)."""
+        by_path = (node.path, shard[0], shard[1].version)
+        ino = self._by_path.get(by_path)
+        if ino is None:
+            ino = self._next
+            self._next += 1
+            self._by_path[by_path] = ino
+            self._file_versions[ino] = FileVersion(by_path, shard)
+        self._nodes[ino] = node
+        return ino
+
+    def version(self, ino: int) -> Slot | FileVersion | None:
+        """What version node id `ino` names, on a versioned table (None: a directory, a
+        document rendered from several objects, or a table not versioned)."""
+        if ino >> SHIFT:
+            found = self._slots.get((ino >> SHIFT) - 1)
+            return found if found is not None and found.shown is not None else None
+        return self._file_versions.get(ino)
 
     def ref(self, ino: int) -> None:
         """The kernel took one more reference (a lookup or a readdirplus entry)."""
@@ -310,8 +347,10 @@ class InodeTable:
         self._claimed.discard(ino)
         self._asked.discard(ino)
         self._removed.discard(ino)
-        if node is not None and self._by_path.get(node.path) == ino:
-            del self._by_path[node.path]
+        version = self._file_versions.pop(ino, None)
+        by_path = node.path if version is None else version.by_path
+        if node is not None and self._by_path.get(by_path) == ino:
+            del self._by_path[by_path]
 
     def over_budget(self) -> list[tuple[int, str]]:
         """(parent inode, name) of the oldest counted entries beyond the budget, not asked
