@@ -4,6 +4,7 @@ a version is gone; shows expire with the kernel's copy."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -19,6 +20,7 @@ import zarr
 from shardfs.primitives.blocking import WouldBlock, nonblocking
 from shardfs.primitives.errors import SourceChanged
 from shardfs.storage import LocalStorage
+from shardfs.storage import descriptors as descriptors_module
 from shardfs.storage.base import Stat
 from shardfs.view import Namespace
 from shardfs.view import shown as shown_module
@@ -234,3 +236,52 @@ def test_versions_past_their_lifetime_are_let_go_by_a_later_show(
     show("g", 2)
     assert open_files() == {"g"}
     assert versions.latest(1, "") is None and versions.latest(2, "") is not None
+
+
+def test_versions_past_their_lifetime_are_let_go_by_the_timer_with_no_show(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tidy` (the daemon's timer) lets a kept version go once its show's lifetime is
+    over, with no later show: a removed file frees its space on an idle mount."""
+    clock = [1000.0]
+    monkeypatch.setattr(shown_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    (tmp_path / "f").write_bytes(b"f")
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=10)
+    with storage.recording() as seen:
+        storage.stat("f")
+    versions.show(seen, inode=1)
+    os.unlink(tmp_path / "f")
+    removed = f"{tmp_path}/f (deleted)"
+    assert removed in held_open()
+    clock[0] += versions.lifetime - 0.5
+    versions.tidy()
+    assert removed in held_open()
+    clock[0] += 1
+    versions.tidy()
+    assert removed not in held_open()
+
+
+def held_open() -> list[str]:
+    """What this process's descriptors name."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own, closed by now
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return links
+
+
+def test_versions_kept_are_half_the_descriptor_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a small RLIMIT_NOFILE the kept versions leave half the budget to the files
+    read meanwhile; the pool never holds more than the budget."""
+    monkeypatch.setattr(descriptors_module, "budget", lambda: 20)
+    storage = LocalStorage(tmp_path)
+    versions = KernelVersions(storage, timeout=300)
+    for i in range(30):
+        (tmp_path / str(i)).write_bytes(b"x")
+        with storage.recording() as seen:
+            storage.stat(str(i))
+        versions.show(seen, inode=i + 1)
+    assert len(storage._descriptors) == 10

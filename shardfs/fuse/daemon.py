@@ -26,6 +26,7 @@ from shardfs.fuse.notify import notify
 from shardfs.primitives.errors import ShardfsError
 from shardfs.primitives.private import UnsafeState
 from shardfs.view.interface import ViewInterface
+from shardfs.view.shown import TIDY_EVERY, KernelVersions
 from shardfs.writeback import Workspace
 from shardfs.writeback.leftover import Leftovers
 from shardfs.writeback.overlay import ShardRef
@@ -48,6 +49,16 @@ async def _commit_loop(workspace: Workspace, interval: float) -> None:
         pressure.clear()
         if committer.due(age):
             await trio.to_thread.run_sync(committer.commit_due, age)
+
+
+async def _let_go(versions: KernelVersions) -> None:
+    """Let go the versions a kernel-served mount keeps once the kernel no longer holds
+    their shows, on a timer: an idle mount would otherwise hold a removed file's space
+    until its next lookup. In a worker thread: closing the last descriptor of a big
+    removed file frees its blocks."""
+    while True:
+        await trio.sleep(TIDY_EVERY)
+        await trio.to_thread.run_sync(versions.tidy)
 
 
 async def _log_stats(operations: Operations, interval: float) -> None:
@@ -122,6 +133,8 @@ def serve(
             nursery.start_soon(report_ready)
             nursery.start_soon(watch_signals)
             nursery.start_soon(control.serve, control_path, operations.stats)
+            if operations.versions is not None:
+                nursery.start_soon(_let_go, operations.versions)
             if stats_interval:
                 nursery.start_soon(_log_stats, operations, stats_interval)
             if isinstance(view, Workspace):

@@ -319,6 +319,11 @@ class Storage(ABC):
     def _read_tail(self, key: str, length: int, size: int, version: Hashable) -> bytes:
         return self.read(key, size - length, length, version)
 
+    def descriptor_budget(self) -> int | None:
+        """How many descriptors the pins of this store may hold open at once (a local
+        file held open: see `Pin.keeps_version`); None where pins hold none."""
+        return None
+
     def append_in_progress(self, key: str, stat: Stat) -> int | None:
         """The size of object `key` (found as `stat`) before an append that a writer has
         begun and not finished, or a crashed writer left torn, if the store keeps such a

@@ -33,6 +33,7 @@ from shardfs.primitives.errors import (
 )
 from shardfs.storage import journal
 from shardfs.storage.base import ABSENT, Entry, Pin, RequestCounts, Stat, Storage
+from shardfs.storage.descriptors import Descriptor, DescriptorPool
 
 log = logging.getLogger("shardfs")
 
@@ -84,40 +85,40 @@ def _same_content(st: os.stat_result, stat: Stat) -> bool:
 class _FilePin(Pin):
     """A local file's inode, held open: replaced by a rename or unlinked, it stays
     readable, so an open chunk keeps the bytes it opened; changed in place (an append,
-    a rewrite), it is a new version."""
+    a rewrite), it is a new version. Pins of one version share its descriptor, which the
+    store's budget may close between reads (`shardfs.storage.descriptors`)."""
 
     in_place = True
     keeps_version = True
 
     def __init__(self, storage: LocalStorage, key: str, stat: Stat) -> None:
         super().__init__(storage, key, stat)
-        self._fd = -1
+        self._descriptor: Descriptor | None = None
+        self._pool = storage._descriptors
         #: the range last given to `advise`
         self._advised = (0, 0)
-        try:
-            fd = os.open(storage._path(key), os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
-            raise SourceChanged(f"{storage.describe(key)} was removed") from None
-        except OSError as e:
-            raise StorageError(f"{storage.describe(key)}: {e.strerror}") from None
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != stat.version[:2] or st.st_size < stat.size:  # type: ignore[index]
-            os.close(fd)
-            raise SourceChanged(f"{storage.describe(key)} was replaced")
-        self._fd = fd
+        path = storage._path(key)
+        self._descriptor = self._pool.share(
+            (key, stat.version), path, lambda: _open_version(storage, key, path, stat)
+        )
+
+    def _held(self) -> Descriptor:
+        assert self._descriptor is not None, "a read of a closed pin"
+        return self._descriptor
 
     def read(self, offset: int, length: int, grown_ok: bool = False) -> bytes:
         """`Pin.read`; `grown_ok`: also while the file has grown past the range since (an
         append, which leaves the bytes before it as they were)."""
+        descriptor = self._held()
+        fd = self._pool.acquire(descriptor)  # not closed for the budget until released
         try:
-            if may_block():
-                data = os.pread(self._fd, length, offset)
-            else:
-                data = _read_cached(self._fd, offset, length)
-            st = os.fstat(self._fd)
+            data = os.pread(fd, length, offset) if may_block() else _read_cached(fd, offset, length)
+            st = os.fstat(fd)
         except OSError as e:
             code = errno.errorcode.get(e.errno, "?")
             raise StorageError(f"{self.storage.describe(self.key)}: read failed ({code})") from None
+        finally:
+            self._pool.release(descriptor)
         self.storage.counts.add("read", read=len(data))
         if _version(st) != self.stat.version and not _same_content(st, self.stat):
             # Checked after the read, so that a change during it is seen too.
@@ -138,12 +139,21 @@ class _FilePin(Pin):
         return self.read(self.stat.size - length, length, grown_ok=True)
 
     def current(self) -> Stat | None:
-        return _stat_of(os.fstat(self._fd))
+        descriptor = self._held()
+        try:
+            fd = self._pool.acquire(descriptor)
+        except SourceChanged as e:
+            raise StorageError(str(e)) from None  # whether it is gone cannot be told
+        try:
+            return _stat_of(os.fstat(fd))
+        finally:
+            self._pool.release(descriptor)
 
     def clone(self) -> _FilePin:
+        descriptor = self._held()
         other = copy.copy(self)
-        other._fd = os.dup(self._fd)  # not inherited by children, as every fd Python makes
         other._advised = (0, 0)
+        self._pool.again(descriptor)
         return other
 
     def advise(self, offset: int, length: int) -> None:
@@ -151,15 +161,43 @@ class _FilePin(Pin):
         if start <= offset and offset + length <= end:
             return  # asked for already
         self._advised = (offset, offset + length)
-        with contextlib.suppress(OSError):  # only a hint
-            os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_WILLNEED)
+        descriptor = self._held()
+        try:
+            fd = self._pool.acquire(descriptor)
+        except SourceChanged:
+            return  # only a hint
+        try:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        finally:
+            self._pool.release(descriptor)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        descriptor, self._descriptor = self._descriptor, None
+        if descriptor is not None:
+            self._pool.unshare(descriptor)
 
-    __del__ = close  # a reader dropped without `close` must not leak its descriptor
+    def __del__(self) -> None:
+        """A reader dropped without `close` must not leak its descriptor."""
+        descriptor, self._descriptor = getattr(self, "_descriptor", None), None
+        if descriptor is not None:
+            self._pool.dropped(descriptor)
+
+
+def _open_version(storage: LocalStorage, key: str, path: str, stat: Stat) -> int:
+    """`path` opened, if it is still the file of version `stat` (the same inode, as big
+    or bigger: an append since leaves the bytes before it); else SourceChanged."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise SourceChanged(f"{storage.describe(key)} was removed") from None
+    except OSError as e:
+        raise StorageError(f"{storage.describe(key)}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != stat.version[:2] or st.st_size < stat.size:  # type: ignore[index]
+        os.close(fd)
+        raise SourceChanged(f"{storage.describe(key)} was replaced")
+    return fd
 
 
 class LocalStorage(Storage):
@@ -171,6 +209,8 @@ class LocalStorage(Storage):
         self._journal = journal.Journal(self.root)
         self._paths: dict[str, str] = {}
         self._names: dict[str, tuple[tuple[int, ...], list[str]]] = {}
+        #: the descriptors of its pins, shared per version, within the process's budget
+        self._descriptors = DescriptorPool(_version)
 
     def _path(self, key: str) -> str:
         # Every request stats a few keys (a metadata document, a shard), the same ones
@@ -296,6 +336,9 @@ class LocalStorage(Storage):
 
     def _pin(self, key: str, stat: Stat) -> Pin:
         return _FilePin(self, key, stat)
+
+    def descriptor_budget(self) -> int:
+        return self._descriptors.limit()
 
     def append_in_progress(self, key: str, stat: Stat) -> int | None:
         try:

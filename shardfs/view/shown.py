@@ -45,7 +45,8 @@ SHOWS_KEPT = 65536
 #: directory of plain files holds one per file.
 STATS_KEPT = 1 << 18
 #: Versions kept open (each a descriptor), the least recently shown (to within
-#: `TIDY_EVERY`) dropped first.
+#: `TIDY_EVERY`) dropped first; at most half the store's descriptor budget, so that the
+#: files read meanwhile have theirs too (`Storage.descriptor_budget`).
 VERSIONS_KEPT = 1024
 #: Bytes of a kept version the kernel is asked to read ahead from a read that found its
 #: own not in the page cache (see `read_kept`).
@@ -85,7 +86,7 @@ class KernelVersions:
         storage: Storage,
         timeout: float,
         shows: int = SHOWS_KEPT,
-        versions: int = VERSIONS_KEPT,
+        versions: int | None = None,
         stats: int = STATS_KEPT,
     ) -> None:
         self.storage = storage
@@ -97,6 +98,9 @@ class KernelVersions:
         self._inodes: OrderedDict[int, Shown] = OrderedDict()
         self._dirs: OrderedDict[str, Shown] = OrderedDict()
         self._kept: OrderedDict[tuple[str, Hashable], tuple[Pin, float]] = OrderedDict()
+        if versions is None:
+            budget = storage.descriptor_budget()
+            versions = VERSIONS_KEPT if budget is None else min(VERSIONS_KEPT, budget // 2)
         self._versions = versions
         self._lock = threading.Lock()
         self._seq = itertools.count()
@@ -258,6 +262,13 @@ class KernelVersions:
             with self._lock:
                 self._kept[(key, stat.version)] = (pin, now)
 
+    def tidy(self) -> None:
+        """Let go the kept versions whose shows the kernel no longer holds, however idle
+        the mount: the daemon calls this every `TIDY_EVERY` seconds, so that a file
+        removed from the source frees its space within `lifetime` of its last show, not
+        at the next show. Touches only the kept versions: safe from any thread."""
+        self._drop_kept(time.monotonic())
+
     def _drop_kept(self, now: float) -> None:
         deadline = now - self.lifetime
         dropped = []
@@ -268,7 +279,7 @@ class KernelVersions:
                     break
                 del self._kept[key]
                 dropped.append(pin)
-        for pin in dropped:  # a reader that cloned it holds its own descriptor
+        for pin in dropped:  # a reader that cloned it holds the descriptor on
             pin.close()
 
     def _expire(self, now: float) -> None:
