@@ -40,6 +40,7 @@ from zarr_checksum.generators import yield_files_local
 from shardfs.cli import main
 from shardfs.storage import LocalStorage, journal
 from shardfs.storage.base import ABSENT
+from shardfs.storage.beneath import Tree
 from tests.conftest import Mounted, stop_mount, wait_mounted
 from tests.test_mount_crash import ARRAY, GRID, INNER, SHAPE, SHARD, make_source, read_chunk_values
 from tests.test_read_integrity import CRASHING_APPENDER
@@ -553,11 +554,11 @@ def test_a_writer_waiting_for_a_lock_while_a_tidy_removes_the_file_takes_the_new
     real_remove = journal.remove_empty_dir
     removing, go_on = threading.Event(), threading.Event()
 
-    def paused_remove(path: str) -> bool:
-        if path.endswith("/journal"):
+    def paused_remove(tree: Tree, rel: str) -> bool:
+        if rel == journal.ENTRIES:
             removing.set()
             assert go_on.wait(10)
-        return real_remove(path)
+        return real_remove(tree, rel)
 
     monkeypatch.setattr(journal, "remove_empty_dir", paused_remove)
     tidy = threading.Thread(target=journal.Journal(tmp_path).tidy)
@@ -583,9 +584,9 @@ def test_a_writer_whose_new_area_a_tidy_removes_makes_it_again(
     real_makedirs = journal.makedirs_durably
     tidied = []
 
-    def makedirs_then_tidy(path: str) -> None:
-        real_makedirs(path)
-        if path == storage._journal.area and not tidied:
+    def makedirs_then_tidy(tree: Tree, rel: str) -> None:
+        real_makedirs(tree, rel)
+        if rel == journal.AREA and not tidied:
             tidied.append(journal.Journal(tmp_path).tidy())
 
     monkeypatch.setattr(journal, "makedirs_durably", makedirs_then_tidy)

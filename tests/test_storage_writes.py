@@ -126,10 +126,10 @@ def test_put_falls_back_to_a_temp_file_next_to_the_key(
     real_rename = os.rename
     temps = str(tmp_path / ".shardfs/tmp")
 
-    def rename(src: str, dst: str) -> None:
-        if src.startswith(temps):
+    def rename(src: str, dst: str, *, src_dir_fd: int, dst_dir_fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{src_dir_fd}") == temps:
             raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
-        real_rename(src, dst)
+        real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
     monkeypatch.setattr(os, "rename", rename)
     storage.put("d/k", [b"content"], ABSENT)
@@ -371,7 +371,7 @@ def test_recover_removes_malformed_entries(tmp_path: Path) -> None:
     storage.put("k", [b"x"], ABSENT)
     entries = tmp_path / ".shardfs/journal"
     (entries / ("0" * 40)).write_bytes(b"{not json")
-    mismatched = journal.JournalEntry("other", 0, 1, 0)
+    mismatched = journal.JournalEntry("other", 0, 1, 0, (1, 2))
     (entries / journal.entry_name("k")).write_bytes(mismatched.encode())
     assert storage.pending_recovery() == []
     lines = storage.recover()

@@ -43,7 +43,7 @@ from shardfs.options import MountOptions, help_text, parse_options, parse_size
 from shardfs.primitives.errors import ShardfsError, UsageError
 from shardfs.primitives.private import UnsafeState, home_dir, own_directory
 from shardfs.sources import is_local, open_leftovers, open_source, open_view
-from shardfs.storage import Storage
+from shardfs.storage import LocalStorage, Storage
 from shardfs.view.hierarchy import Hierarchy
 from shardfs.view.precomputed import PrecomputedSource
 from shardfs.view.wkw import WkwSource
@@ -109,6 +109,17 @@ def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
         "--dry-run",
         action="store_true",
         help="change nothing: report unfinished appends instead of rolling them back",
+    )
+    check.add_argument(
+        "--settle",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=(
+            "settle the unfinished append of KEY (a path below SOURCE) that fsck reports as "
+            "possibly torn, taking the file there for the one appended to: a tail that "
+            "verifies is kept, any other cut back (repeatable)"
+        ),
     )
     rewrite = commands.add_parser(
         "compact",
@@ -573,22 +584,36 @@ def _sync(mountpoint: str) -> None:
 # -- fsck and compact -----------------------------------------------------------------
 
 
-def _zarr_storage(source: str, command: str) -> Storage:
-    """The storage of a Zarr source; fsck and compact have nothing to do on other sources."""
+def _zarr_storage(source: str, command: str, writes: bool = True) -> Storage:
+    """The storage of a Zarr source; fsck and compact have nothing to do on other sources.
+    A local source that the command `writes` is checked first: root refuses to write a
+    source that other users could change under it (see `LocalStorage.check_writable`)."""
     opened = open_source(source)
     if isinstance(opened, PrecomputedSource | WkwSource):
         kind = "WKW dataset" if isinstance(opened, WkwSource) else "Neuroglancer precomputed volume"
         raise UsageError(f"source {source} is a {kind}: {command} works on Zarr shards only")
+    if writes and isinstance(opened.storage, LocalStorage):
+        try:
+            opened.storage.check_writable()
+        except ShardfsError as e:
+            raise UsageError(str(e)) from None
     return opened.storage
 
 
 def _fsck(args: argparse.Namespace) -> int:
     """Exit 0 if no damage is left, 1 if some is; usage errors are 2 here, because 1 means damage."""
     try:
-        storage = _zarr_storage(args.source, "fsck")
+        if args.settle and args.dry_run:
+            raise UsageError("--settle changes the source: it cannot go with --dry-run")
+        storage = _zarr_storage(args.source, "fsck", writes=not args.dry_run)
+        if args.settle and not isinstance(storage, LocalStorage):
+            raise UsageError("--settle is for local sources (S3 uploads settle themselves)")
     except UsageError as e:
         print(f"shardfs: {e}", file=sys.stderr)
         return 2
+    for key in args.settle:
+        assert isinstance(storage, LocalStorage)
+        print(storage.settle(key.strip("/")))
     with progress_bar("fsck", "shards") as progress:
         report = fsck(storage, repair=not args.dry_run, progress=progress)
     if not args.dry_run:

@@ -32,6 +32,7 @@ from shardfs.maintenance.scan import (
     Skipped,
     display,
     find_shards,
+    split_recovery,
 )
 from shardfs.primitives.errors import CorruptData, SourceChanged, StorageError
 from shardfs.primitives.retry import attempts
@@ -79,6 +80,8 @@ class CompactReport:
     skipped: list[Skipped] = field(default_factory=list)
     #: What recovery repaired before compacting (torn appends of crashed writers).
     recovery: list[str] = field(default_factory=list)
+    #: Unfinished appends recovery leaves to a person (see `fsck --settle`); not compacted.
+    unsettled: list[str] = field(default_factory=list)
     #: Shards that failed verification, with the reason; never rewritten.
     corrupt: list[str] = field(default_factory=list)
     #: Shards that could not be read or written (I/O errors), with the reason.
@@ -108,6 +111,7 @@ class CompactReport:
         lines = table(["array", "shards", "rewritten", "reclaimed"], rows)
         lines += [f"skipped {display(s.path)}: {s.reason}" for s in self.skipped]
         lines += [f"repaired {line}" for line in self.recovery]
+        lines += [f"POSSIBLY TORN {line}" for line in self.unsettled]
         lines += [f"left for later: {reason}" for reason in self.busy]
         lines += [f"FAILED {reason}" for reason in self.failed]
         lines += [f"CORRUPT {reason} (not rewritten)" for reason in self.corrupt]
@@ -146,7 +150,7 @@ def compact(
                 report.failed.append(str(e))
             progress.update()
         report.arrays.append(done)
-    report.recovery = reader.recovery
+    report.recovery, report.unsettled = split_recovery(reader.recovery)
     return report
 
 

@@ -23,6 +23,7 @@ from shardfs.maintenance.scan import (
     Skipped,
     display,
     find_shards,
+    split_recovery,
 )
 from shardfs.primitives.errors import CorruptData, StorageError
 from shardfs.storage.base import Storage
@@ -60,6 +61,8 @@ class FsckReport:
     recovery: list[str] = field(default_factory=list)
     #: Without repair: the shards that have an unfinished append.
     pending: list[str] = field(default_factory=list)
+    #: Unfinished appends recovery leaves to a person (`Unsettled`), saying how to settle them.
+    unsettled: list[str] = field(default_factory=list)
     #: Shards that failed verification (or could not be read), with the reason; left as they are.
     damaged: list[str] = field(default_factory=list)
     #: Shards not checked because writers kept changing them.
@@ -67,8 +70,8 @@ class FsckReport:
 
     @property
     def clean(self) -> bool:
-        """No damage is left (whatever recovery repaired)."""
-        return not self.damaged
+        """No damage is left (whatever recovery repaired), nor any shard possibly torn."""
+        return not self.damaged and not self.unsettled
 
     def lines(self) -> list[str]:
         """The report for people: a table per array, then what needs attention."""
@@ -84,11 +87,17 @@ class FsckReport:
         lines += [f"skipped {display(s.path)}: {s.reason}" for s in self.skipped]
         lines += [f"repaired {line}" for line in self.recovery]
         lines += [f"unfinished append in {key}" for key in self.pending]
+        lines += [f"POSSIBLY TORN {line}" for line in self.unsettled]
         lines += [f"not checked: {reason}" for reason in self.unchecked]
         lines += [f"DAMAGED {reason}" for reason in self.damaged]
         if self.damaged:
             lines.append(f"fsck: {len(self.damaged)} damaged shards, left as they are")
-        else:
+        if self.unsettled:
+            lines.append(
+                f"fsck: {len(self.unsettled)} possibly torn shards, left as they are "
+                "(POSSIBLY TORN says how to settle each)"
+            )
+        if self.clean:
             lines.append("fsck: no damage" + (" left" if self.recovery else ""))
         return lines
 
@@ -120,5 +129,5 @@ def fsck(storage: Storage, repair: bool = True, progress: tqdm | None = None) ->
                 report.damaged.append(str(e))
             progress.update()
         report.arrays.append(usage)
-    report.recovery = reader.recovery
+    report.recovery, report.unsettled = split_recovery(reader.recovery)
     return report

@@ -34,6 +34,7 @@ from shardfs.primitives.errors import (
 )
 from shardfs.primitives.retry import attempts
 from shardfs.storage.base import Entry, Stat, Storage
+from shardfs.storage.journal import Unsettled
 from shardfs.view.hierarchy import ZarrV3, join, open_hierarchy
 
 
@@ -282,6 +283,11 @@ class IndexReader:
                         "whose writer is at work or crashed; repair rolls a torn one back)"
                     ) from None
                 self.recovery += self.storage.recover()
+                if key in (self._unfinished() or ()):
+                    raise CorruptData(
+                        f"{self.storage.describe(key)}: {e} (it has an unfinished append that "
+                        "recovery leaves to a person: see POSSIBLY TORN)"
+                    ) from None
         raise KeptChanging(f"{self.storage.describe(key)} kept changing while it was read")
 
     def _decode(self, key: str, level: ShardLevel, stat: Stat) -> ShardIndex:
@@ -289,3 +295,9 @@ class IndexReader:
         raw = self.storage.read(key, level.index_offset(stat.size), size, stat.version)
         entries = level.decode_index(raw, stat.size)
         return ShardIndex(stat, entries, size)
+
+
+def split_recovery(lines: list[str]) -> tuple[list[str], list[str]]:
+    """Recovery lines: what was repaired, and (once each) what is left to a person."""
+    repaired = [line for line in lines if not isinstance(line, Unsettled)]
+    return repaired, list(dict.fromkeys(line for line in lines if isinstance(line, Unsettled)))

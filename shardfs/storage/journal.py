@@ -9,8 +9,14 @@ other back to the old size.
 Layout below the source root (the storage hides it from readers):
 
     .shardfs/lock                 one-byte OFD locks, one offset per key (hashed)
-    .shardfs/journal/<sha1(key)>  {"key": str, "old_size": int, "new_size": int, "crc32c": int}
+    .shardfs/journal/<sha1(key)>  {"key": str, "old_size": int, "new_size": int, "crc32c": int,
+                                   "dev": int, "ino": int}
     .shardfs/tmp/<offset>.<hex>   files being written; <offset> is the lock their writer holds
+
+Whoever can write the source can write here too, so nothing in the area is
+trusted as a path: every name is resolved beneath the source root with no
+symlink followed (`shardfs.storage.beneath`), and recovery acts only on the
+regular file whose device and inode the entry names (see `Journal.settle`).
 
 Linux-only: open-file-description locks are what make threads of one process
 exclude each other as well as other processes.
@@ -43,9 +49,11 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
+import shlex
 import stat
 import struct
 from collections.abc import Hashable, Iterator, Sequence
@@ -54,7 +62,15 @@ from pathlib import Path
 
 import crc32c
 
+from shardfs.storage.beneath import Tree, components
+
+log = logging.getLogger("shardfs")
+
 PRIVATE = ".shardfs"
+#: The area and what is in it, as names below the source root.
+AREA, LOCK, ENTRIES, TEMPS = PRIVATE, f"{PRIVATE}/lock", f"{PRIVATE}/journal", f"{PRIVATE}/tmp"
+#: The largest journal entry read (a key of PATH_MAX bytes, escaped, fits many times over).
+MAX_ENTRY = 64 << 10
 # `struct flock` on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks).
 _FLOCK = struct.Struct("hhqqi4x")
 _IOV_MAX = os.sysconf("SC_IOV_MAX")
@@ -93,48 +109,53 @@ def write_all(fd: int, views: Sequence[memoryview], offset: int) -> None:
             pending[first] = pending[first][written:]
 
 
-def fsync_dir(path: str) -> None:
-    """Make the entries of directory `path` (creations, renames, removals) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def fsync_dir(tree: Tree, rel: str) -> None:
+    """Make the entries of directory `rel` of `tree` (creations, renames, removals) durable."""
+    tree.fsync_dir(rel)
 
 
-def makedirs_durably(path: str) -> None:
-    """`mkdir -p` that fsyncs each parent it adds an entry to, so new directories survive power loss.
+def makedirs_durably(tree: Tree, rel: str) -> None:
+    """`mkdir -p` of `rel` below `tree` that fsyncs each parent it adds an entry to, so new
+    directories survive power loss.
 
     A directory that someone removes while this makes it (a tidy of the private
     area) is made again.
     """
-    if os.path.isdir(path):
+    if not components(rel) or _is_dir(tree, rel):
         return
-    makedirs_durably(os.path.dirname(path))
+    parent = os.path.dirname(rel)
+    makedirs_durably(tree, parent)
     while True:
         try:
-            os.mkdir(path)
+            tree.mkdir(rel)
             break
         except FileExistsError:
             try:
-                if stat.S_ISDIR(os.lstat(path).st_mode):
+                if stat.S_ISDIR(tree.lstat(rel).st_mode):
                     break  # made by a concurrent writer, which may not have fsynced the parent yet
             except FileNotFoundError:
                 continue  # and removed again since
             raise
-    fsync_dir(os.path.dirname(path))
+    fsync_dir(tree, parent)
 
 
-def remove_quietly(path: str) -> None:
+def _is_dir(tree: Tree, rel: str) -> bool:
+    try:
+        return stat.S_ISDIR(tree.lstat(rel).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def remove_quietly(tree: Tree, rel: str) -> None:
     """Remove a temp file on a failure path, where a second error would hide the first."""
     with contextlib.suppress(OSError):
-        os.unlink(path)
+        tree.unlink(rel)
 
 
-def remove_empty_dir(path: str) -> bool:
-    """rmdir `path` if it is empty; whether it is gone (False: something is in it)."""
+def remove_empty_dir(tree: Tree, rel: str) -> bool:
+    """rmdir `rel` if it is empty; whether it is gone (False: something is in it)."""
     try:
-        os.rmdir(path)
+        tree.rmdir(rel)
     except FileNotFoundError:
         pass  # removed by someone else: gone all the same
     except OSError as e:
@@ -157,33 +178,45 @@ def _lock(fd: int, offset: int, wait: bool, length: int = 1) -> bool:
     return True
 
 
+class Unsettled(str):
+    """A recovery line about an entry left for a person to settle (`Journal.settle`):
+    fsck reports it apart from what it repaired."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
     """What an appender is about to do: enough to tell a whole tail from a torn one.
 
-    `inode` is the (device, inode) of the file appended to, so that a file another
-    tool put in its place since is never cut (entries of older versions have none).
+    `inode` is the (device, inode) of the file appended to: recovery acts on that
+    file alone, never on another one put at the key since (or planted there).
+    Entries of older versions have none; recovery leaves those to a person.
     """
 
     key: str
     old_size: int
     new_size: int
     crc32c: int
-    inode: tuple[int, int] | None = None
+    inode: tuple[int, int] | None
 
     def applies_to(self, version: Hashable) -> bool:
-        """Whether the entry is about the file of local version `version` (see `_stat_of`)."""
+        """Whether the entry is about the file of local version `version` (see `_stat_of`);
+        for what readers see, an entry that names no file is taken to (it changes nothing)."""
         return self.inode is None or tuple(version[:2]) == self.inode  # type: ignore[index]
 
     def encode(self) -> bytes:
-        doc: dict[str, object] = {
+        if self.inode is None:
+            raise ValueError("a journal entry must name its file's device and inode")
+        dev, ino = self.inode
+        doc = {
             "key": self.key,
             "old_size": self.old_size,
             "new_size": self.new_size,
             "crc32c": self.crc32c,
+            "dev": dev,
+            "ino": ino,
         }
-        if self.inode is not None:
-            doc["dev"], doc["ino"] = self.inode
         return json.dumps(doc).encode()
 
     @classmethod
@@ -203,16 +236,22 @@ class JournalEntry:
             raise ValueError("its name does not match its key")
         dev, ino = doc.get("dev"), doc.get("ino")
         if (dev, ino) == (None, None):
-            return cls(key, old, new, crc)
+            return cls(key, old, new, crc, None)
         if type(dev) is not int or type(ino) is not int:
             raise ValueError("device or inode not integers")
         return cls(key, old, new, crc, (dev, ino))
 
 
 class Journal:
-    """The `.shardfs/` area of one source root. Stateless, so any number of threads may share it."""
+    """The `.shardfs/` area of one source root. Stateless, so any number of threads may share it.
 
-    def __init__(self, root: Path) -> None:
+    Every name in it is resolved beneath the source root with no symlink followed
+    (`Tree`); a symlink found where the area or one of its parts belongs was not
+    made by shardfs, and is removed (`clear_planted`).
+    """
+
+    def __init__(self, root: Path, tree: Tree | None = None) -> None:
+        self.tree = tree or Tree(str(root))
         area = root / PRIVATE
         self.area = str(area)
         self.lock_path = str(area / "lock")
@@ -220,7 +259,38 @@ class Journal:
         self.temps = str(area / "tmp")
 
     def exists(self) -> bool:
-        return os.path.isdir(self.area)
+        return _is_dir(self.tree, AREA)
+
+    def clear_planted(self) -> bool:
+        """Remove symlinks where the area, its lock file or its directories belong (one log
+        line each); whether there were any."""
+        removed = False
+        for rel in (AREA, LOCK, ENTRIES, TEMPS):
+            try:
+                if not stat.S_ISLNK(self.tree.lstat(rel).st_mode):
+                    continue
+                self.tree.unlink(rel)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            log.warning(
+                "%s: removed a symbolic link where shardfs keeps its own state (not made by "
+                "shardfs; never followed)",
+                self.tree.path(rel),
+            )
+            removed = True
+        return removed
+
+    def _planted_cleared(self, e: OSError) -> bool:
+        """Whether error `e` came from a symlink planted in the area, now removed: try again."""
+        return e.errno in (errno.ELOOP, errno.EEXIST, errno.ENOTDIR) and self.clear_planted()
+
+    def _make_dir(self, rel: str) -> None:
+        while True:
+            try:
+                return makedirs_durably(self.tree, rel)
+            except OSError as e:
+                if not self._planted_cleared(e):
+                    raise
 
     def _acquire(self, offset: int, length: int, wait: bool, make: bool) -> int | None:
         """An open file description of the lock file with `length` bytes at `offset` locked
@@ -232,13 +302,19 @@ class Journal:
         """
         while True:
             try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                fd = self.tree.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o666)
             except FileNotFoundError:
                 if not make:
                     raise
-                makedirs_durably(self.area)
+                self._make_dir(AREA)
                 continue
+            except OSError as e:
+                if self._planted_cleared(e):
+                    continue
+                raise
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file", self.lock_path)
                 if not _lock(fd, offset, wait, length):
                     os.close(fd)
                     return None
@@ -254,9 +330,13 @@ class Journal:
         that inode allocated, so no new file can have its number."""
         st = os.fstat(fd)
         try:
-            named = os.stat(self.lock_path)
+            named = self.tree.lstat(LOCK)
         except (FileNotFoundError, NotADirectoryError):
             return False
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return False  # the area is a symlink now: start over
+            raise
         return (st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
 
     @contextlib.contextmanager
@@ -270,8 +350,8 @@ class Journal:
         try:
             # Only now: a tidy removes these while it holds the whole lock file, or
             # before it unlinks it, so never after a lock on the current file was taken.
-            makedirs_durably(self.entries)
-            makedirs_durably(self.temps)
+            self._make_dir(ENTRIES)
+            self._make_dir(TEMPS)
             yield
         finally:
             os.close(fd)  # releases the lock, as a crash would
@@ -294,64 +374,77 @@ class Journal:
                     return "it holds journal entries for recovery"
                 if self._temp_names():
                     return "it holds temp files of writers that crashed"
-                if not (remove_empty_dir(self.entries) and remove_empty_dir(self.temps)):
+                if not (
+                    remove_empty_dir(self.tree, ENTRIES) and remove_empty_dir(self.tree, TEMPS)
+                ):
                     return "its journal/ or tmp/ holds files of another tool"
-                os.unlink(self.lock_path)
+                self.tree.unlink(LOCK)
             finally:
                 os.close(fd)
-            if not remove_empty_dir(self.area):
+            if not remove_empty_dir(self.tree, AREA):
                 try:
-                    foreign = set(os.listdir(self.area)) - {"lock", "journal", "tmp"}
+                    foreign = set(self.tree.listdir(AREA)) - {"lock", "journal", "tmp"}
                 except FileNotFoundError:
                     foreign = set()  # removed by another tidy since
                 if foreign:
                     return "it holds files of another tool"
                 continue  # a writer has come since: look again
-            fsync_dir(os.path.dirname(self.area))
+            fsync_dir(self.tree, "")
             return None
 
     def _temp_names(self) -> list[str]:
         try:
-            return os.listdir(self.temps)
+            return self.tree.listdir(TEMPS)
         except FileNotFoundError:
             return []
 
     def create_temp(self, key: str) -> tuple[int, str]:
-        """A new temp file for a writer holding `key`'s lock; its name says which lock that is."""
-        path = os.path.join(self.temps, f"{lock_offset(key)}.{secrets.token_hex(8)}")
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), path
+        """A new temp file for a writer holding `key`'s lock, and its name below the source
+        root; the file's name says which lock that is."""
+        rel = f"{TEMPS}/{lock_offset(key)}.{secrets.token_hex(8)}"
+        return self.tree.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), rel
 
     def entry_path(self, name: str) -> str:
         return os.path.join(self.entries, name)
 
     def write(self, entry: JournalEntry) -> None:
         """Store `entry` durably and whole (temp file, fsync, rename, fsync of the directory)."""
+        data = entry.encode()
         fd, tmp = self.create_temp(entry.key)
         try:
             with open(fd, "wb") as f:
-                f.write(entry.encode())
+                f.write(data)
                 f.flush()
                 os.fsync(fd)
-            os.rename(tmp, self.entry_path(entry_name(entry.key)))
+            self.tree.rename(tmp, f"{ENTRIES}/{entry_name(entry.key)}")
         except BaseException:
-            remove_quietly(tmp)
+            remove_quietly(self.tree, tmp)
             raise
-        fsync_dir(self.entries)
+        fsync_dir(self.tree, ENTRIES)
 
     def load(self, name: str) -> JournalEntry | None:
         """The entry stored as `name`, None if there is none (any more); ValueError if malformed."""
         try:
-            with open(self.entry_path(name), "rb") as f:
-                data = f.read()
+            fd = self.tree.open(f"{ENTRIES}/{name}", os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ValueError("it is a symbolic link (not followed)") from None
+            raise
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("not a regular file")
+            data = f.read(MAX_ENTRY + 1)
+        if len(data) > MAX_ENTRY:
+            raise ValueError(f"larger than {MAX_ENTRY} bytes")
         return JournalEntry.decode(data, name)
 
     def discard(self, name: str) -> None:
         """Remove an entry. Not fsynced: an entry that reappears after a power loss still verifies,
         and writers that change an object otherwise call `sync` first."""
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.entry_path(name))
+            self.tree.unlink(f"{ENTRIES}/{name}")
 
     def sync(self) -> None:
         """Make earlier removals of entries durable.
@@ -360,39 +453,71 @@ class Journal:
         reappearing after a power loss would otherwise cut the new object to
         the old size.
         """
-        fsync_dir(self.entries)
+        fsync_dir(self.tree, ENTRIES)
 
     def names(self) -> list[str]:
         """The names of all entries; none if the area was never created."""
         try:
-            return sorted(os.listdir(self.entries))
+            return sorted(self.tree.listdir(ENTRIES))
         except FileNotFoundError:
             return []
 
-    def settle(self, entry: JournalEntry, path: str, name: str) -> str:
+    def settle(self, entry: JournalEntry, rel: str, name: str, by_hand: bool = False) -> str:
         """Keep a tail that verifies or cut a torn one, then drop the entry.
+
+        Acts only on the very file the entry names: `rel` (the key's path below the
+        source root) opened beneath the root with no symlink followed, a regular
+        file whose device and inode are the entry's. An entry that names no file
+        (an older version's) or a file with more than one name is left, with an
+        `Unsettled` line saying how to settle it by hand; `by_hand` is that: the
+        file at `rel` is taken to be the one appended to.
 
         The caller holds the key's lock, so no live writer is mid-append.
         Returns the log line; `name` is how it names the object.
         """
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fd = self.tree.open(rel, os.O_RDWR | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             line = f"{name}: left as is: it is no file since an interrupted append"
+        except OSError as e:
+            if e.errno in (errno.EACCES, errno.EPERM):
+                # a file the writer may not write: whoever appended to it was not this writer
+                line = Unsettled(
+                    f"{name}: left as is: cannot open it to settle an interrupted "
+                    f"append ({e.strerror}); its owner can, with fsck --settle"
+                )
+            elif e.errno in (errno.ELOOP, errno.EXDEV):
+                line = f"{name}: left as is: it is a symbolic link (or below one), never followed"
+            else:
+                raise
         else:
             try:
-                line = self._settle_file(fd, entry, name)
+                line = self._settle_file(fd, entry, name, by_hand)
             finally:
                 os.close(fd)
-        self.discard(entry_name(entry.key))
+        if not isinstance(line, Unsettled):
+            self.discard(entry_name(entry.key))
         return line
 
-    @staticmethod
-    def _settle_file(fd: int, entry: JournalEntry, name: str) -> str:
+    def _settle_file(self, fd: int, entry: JournalEntry, name: str, by_hand: bool) -> str:
         st = os.fstat(fd)
         size = st.st_size
+        if not stat.S_ISREG(st.st_mode):
+            return f"{name}: left as is: it is no regular file since an interrupted append"
         if entry.inode is not None and (st.st_dev, st.st_ino) != entry.inode:
             return f"{name}: left as is: another file replaced it since an interrupted append"
+        if not by_hand and (entry.inode is None or st.st_nlink != 1):
+            why = (
+                "its journal entry, written by an older shardfs, names no file"
+                if entry.inode is None
+                else f"it has {st.st_nlink} names (hard links)"
+            )
+            return Unsettled(
+                f"{name}: possibly torn, left as is: an append from {entry.old_size} to "
+                f"{entry.new_size} bytes was interrupted, and {why}; once sure it is the file "
+                f"appended to, `shardfs fsck --settle {shlex.quote(entry.key)} "
+                f"{shlex.quote(self.tree.root)}` keeps the tail if it verifies, else cuts it"
+            )
         if size < entry.old_size:
             return (
                 f"{name}: left as is: it has {size} bytes, fewer than the "
@@ -425,7 +550,7 @@ class Journal:
                 continue  # its writer is alive
             try:
                 with contextlib.suppress(FileNotFoundError):  # renamed by a writer just done
-                    os.unlink(os.path.join(self.temps, name))
+                    self.tree.unlink(f"{TEMPS}/{name}")
                     removed += 1
             finally:
                 os.close(fd)

@@ -34,6 +34,8 @@ from shardfs.primitives.errors import (
 from shardfs.storage import journal
 from shardfs.storage.base import ABSENT, Entry, Pin, RequestCounts, Stat, Storage
 from shardfs.storage.descriptors import Descriptor, DescriptorPool
+from shardfs.storage.beneath import Tree
+from shardfs.storage.writers import Identity, UnsafeSource, acting_as, writer_of
 
 log = logging.getLogger("shardfs")
 
@@ -206,7 +208,11 @@ class LocalStorage(Storage):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).resolve()
         self.counts = RequestCounts()
-        self._journal = journal.Journal(self.root)
+        #: Where everything is written: names resolved beneath the root (see `beneath`).
+        self._tree = Tree(str(self.root))
+        self._journal = journal.Journal(self.root, self._tree)
+        #: Who writes (see `check_writable`): not yet asked, an identity, or the refusal.
+        self._writer: Identity | UnsafeSource | bool | None = False
         self._paths: dict[str, str] = {}
         self._names: dict[str, tuple[tuple[int, ...], list[str]]] = {}
         #: the descriptors of its pins, shared per version, within the process's budget
@@ -352,53 +358,72 @@ class LocalStorage(Storage):
     def describe(self, key: str) -> str:
         return self._path(key)
 
+    def check_writable(self) -> None:
+        """UnsafeSource (one line saying why and what to do) if root must not write this
+        source; else decide whose rights writes run with (see `shardfs.storage.writers`).
+        Every write asks this first; front ends ask it early, to refuse before any work."""
+        if self._writer is False:
+            try:
+                self._writer = writer_of(self._tree)
+            except UnsafeSource as e:
+                self._writer = e
+        if isinstance(self._writer, UnsafeSource):
+            raise UnsafeSource(str(self._writer))
+
+    @contextmanager
+    def _as_writer(self) -> Iterator[None]:
+        """Run the block's file-system calls with the rights writes of this source have."""
+        self.check_writable()
+        assert not isinstance(self._writer, bool | UnsafeSource)
+        with acting_as(self._writer):
+            yield
+
     @contextmanager
     def _writing(self, key: str) -> Iterator[str]:
         """Hold `key`'s lock with any append a crashed writer left on it settled; yields
-        the key's path and maps OS errors to StorageError."""
+        the key's name below the root (checked by `_path`) and maps OS errors to
+        StorageError."""
         check_may_block()
-        path = self._path(key)
+        self._path(key)
         try:
-            with self._journal.locked(key):
-                self._settle_before_write(key, path)
-                yield path
+            with self._as_writer(), self._journal.locked(key):
+                self._settle_before_write(key)
+                yield key
         except OSError as e:
             raise self._error(key, e) from None
 
     def put(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
-        with self._writing(key) as path:
+        with self._writing(key) as rel:
             self.counts.add("put", written=sum(memoryview(p).nbytes for p in parts))
             self._journal.sync()
-            self._expect(key, self._version(key, path), expect)
-            journal.makedirs_durably(os.path.dirname(path))
+            self._expect(key, self._version(key), expect)
+            journal.makedirs_durably(self._tree, os.path.dirname(rel))
             views = journal.byte_views(parts)
             try:
-                return _rename_into_place(*self._journal.create_temp(key), path, views)
+                return _rename_into_place(self._tree, *self._journal.create_temp(key), rel, views)
             except OSError as e:
                 if e.errno != errno.EXDEV:
                     raise
             # The key's directory is on another file system: a temp file next to it
             # (which recover() cannot find if we crash, but readers never see).
-            tmp = os.path.join(os.path.dirname(path), _FALLBACK_TEMP + secrets.token_hex(8))
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-            return _rename_into_place(fd, tmp, path, views)
+            tmp = os.path.join(os.path.dirname(rel), _FALLBACK_TEMP + secrets.token_hex(8))
+            fd = self._tree.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            return _rename_into_place(self._tree, fd, tmp, rel, views)
 
     def append(self, key: str, parts: Sequence[bytes | memoryview], expect: Hashable) -> Stat:
-        with self._writing(key) as path:
-            self._expect(key, self._version(key, path), expect)
+        with self._writing(key) as rel:
+            self._expect(key, self._version(key), expect)
             if expect is ABSENT:
                 raise NotFound(key)
             self.counts.add("append", written=sum(memoryview(p).nbytes for p in parts))
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            fd = self._tree.open(rel, os.O_WRONLY | os.O_NONBLOCK)
             try:
-                return self._append_locked(key, path, fd, journal.byte_views(parts), expect)
+                return self._append_locked(key, fd, journal.byte_views(parts), expect)
             finally:
                 os.close(fd)
 
-    def _append_locked(
-        self, key: str, path: str, fd: int, views: list[memoryview], expect: Hashable
-    ) -> Stat:
-        """The append protocol proper; the caller holds the key's lock and has `path` open as `fd`."""
+    def _append_locked(self, key: str, fd: int, views: list[memoryview], expect: Hashable) -> Stat:
+        """The append protocol proper; the caller holds the key's lock and has it open as `fd`."""
         st = os.fstat(fd)
         self._expect(key, _stat_of(st).version, expect)  # the file opened is the one checked
         size = sum(v.nbytes for v in views)
@@ -419,31 +444,44 @@ class LocalStorage(Storage):
                 os.fsync(fd)
                 self._journal.discard(journal.entry_name(key))
             except OSError:
-                log.warning("%s: could not undo a failed append; recovery will", path)
+                log.warning("%s: could not undo a failed append; recovery will", self.describe(key))
             raise
         self._journal.discard(journal.entry_name(key))
         return _stat_of(os.fstat(fd))
 
     def delete(self, key: str, expect: Hashable) -> None:
-        with self._writing(key) as path:
+        with self._writing(key) as rel:
             self.counts.add("delete")
             self._journal.sync()
-            current = self._version(key, path)
+            current = self._version(key)
             self._expect(key, current, expect)
             if current is ABSENT:
                 raise NotFound(key)
-            os.unlink(path)
-            journal.fsync_dir(os.path.dirname(path))
+            self._tree.unlink(rel)
+            journal.fsync_dir(self._tree, os.path.dirname(rel))
 
     def makedirs(self, key: str) -> None:
         check_may_block()
+        self._path(key)
         try:
-            journal.makedirs_durably(self._path(key))
+            with self._as_writer():
+                journal.makedirs_durably(self._tree, key)
         except OSError as e:
             raise self._error(key, e) from None
 
     def recover(self) -> list[str]:
         check_may_block()
+        try:
+            with self._as_writer():
+                return self._recover()
+        except OSError as e:  # taking the writer's identity failed
+            raise StorageError(f"{self.root}: {e.strerror or e}") from None
+
+    def _recover(self) -> list[str]:
+        try:
+            self._journal.clear_planted()
+        except OSError as e:
+            raise StorageError(f"{self._journal.area}: {e.strerror}") from None
         if not self._journal.exists():
             return []  # nothing was ever written through shardfs: leave no trace
         lines = [line for name in self._journal_names() if (line := self._recover_entry(name))]
@@ -455,10 +493,29 @@ class LocalStorage(Storage):
             lines.append(f"{self._journal.temps}: removed {removed} temp files of crashed writers")
         return lines
 
+    def settle(self, key: str) -> str:
+        """Settle by hand the unfinished append of `key` that recovery leaves to a person
+        (`journal.Unsettled`): the file at `key` is taken to be the one appended to, and
+        a tail that verifies is kept, any other cut. Returns the line saying what was done."""
+        check_may_block()
+        self._path(key)
+        try:
+            with self._as_writer(), self._journal.locked(key):
+                try:
+                    entry = self._journal.load(journal.entry_name(key))
+                except ValueError as e:
+                    return self._discard_malformed(journal.entry_name(key), e)
+                if entry is None:
+                    return f"{self.describe(key)}: no unfinished append to settle"
+                return self._journal.settle(entry, key, self.describe(key), by_hand=True)
+        except OSError as e:
+            raise self._error(key, e) from None
+
     def tidy(self) -> None:
         check_may_block()
         try:
-            why = self._journal.tidy()
+            with self._as_writer():
+                why = self._journal.tidy()
         except OSError as e:
             raise StorageError(f"{self._journal.area}: {e.strerror or e}") from None
         if why is None:
@@ -472,14 +529,14 @@ class LocalStorage(Storage):
             entry = self._journal.load(name)
             if entry is None:
                 return None  # its writer finished
-            path = self._path(entry.key)
+            self._path(entry.key)
         except (ValueError, NotFound) as e:
             return self._discard_malformed(name, e)
         except OSError as e:
             raise StorageError(f"{self._journal.entry_path(name)}: {e.strerror}") from None
         try:
             with self._journal.locked(entry.key):
-                return self._settle(entry.key, path)
+                return self._settle(entry.key)
         except OSError as e:
             raise self._error(entry.key, e) from None
 
@@ -503,12 +560,12 @@ class LocalStorage(Storage):
         except OSError as e:
             raise StorageError(f"{self._journal.entries}: {e.strerror}") from None
 
-    def _settle_before_write(self, key: str, path: str) -> None:
+    def _settle_before_write(self, key: str) -> None:
         """Settle what a crashed appender of `key` left, or it would later cut the new content."""
-        if line := self._settle(key, path):
+        if line := self._settle(key):
             log.warning("%s", line)
 
-    def _settle(self, key: str, path: str) -> str | None:
+    def _settle(self, key: str) -> str | None:
         """Settle the entry a crashed appender of `key` left, if any; returns the log line.
 
         The caller holds `key`'s lock, so no live writer is mid-append.
@@ -518,17 +575,17 @@ class LocalStorage(Storage):
             entry = self._journal.load(name)
         except ValueError as e:
             return self._discard_malformed(name, e)
-        return None if entry is None else self._journal.settle(entry, path, self.describe(key))
+        return None if entry is None else self._journal.settle(entry, key, self.describe(key))
 
     def _discard_malformed(self, name: str, why: Exception) -> str:
         """Drop an entry that cannot be settled (it does not say what to undo); returns the log line."""
         self._journal.discard(name)
         return f"{self._journal.entry_path(name)}: removed a malformed journal entry ({why})"
 
-    def _version(self, key: str, path: str) -> Hashable:
-        """The version of the object at `path`, or ABSENT; a directory or special file is an error."""
+    def _version(self, key: str) -> Hashable:
+        """The version of the object at `key`, or ABSENT; a directory or special file is an error."""
         try:
-            st = os.lstat(path)
+            st = self._tree.lstat(key)
         except (FileNotFoundError, NotADirectoryError):
             return ABSENT
         if not stat_mod.S_ISREG(st.st_mode):
@@ -552,8 +609,9 @@ class LocalStorage(Storage):
         return StorageError(f"{self.describe(key)}: {e.strerror or e}{where}")
 
 
-def _rename_into_place(fd: int, tmp: str, path: str, views: list[memoryview]) -> Stat:
-    """Fill temp file `tmp` (open as `fd`), make it durable and rename it to `path`.
+def _rename_into_place(tree: Tree, fd: int, tmp: str, rel: str, views: list[memoryview]) -> Stat:
+    """Fill temp file `tmp` (open as `fd`), make it durable and rename it to `rel`, both
+    names below `tree`.
 
     Closes `fd`; removes `tmp` unless it was renamed.
     """
@@ -561,11 +619,11 @@ def _rename_into_place(fd: int, tmp: str, path: str, views: list[memoryview]) ->
         try:
             journal.write_all(fd, views, 0)
             os.fsync(fd)
-            os.rename(tmp, path)
+            tree.rename(tmp, rel)
         except BaseException:
-            journal.remove_quietly(tmp)
+            journal.remove_quietly(tree, tmp)
             raise
-        journal.fsync_dir(os.path.dirname(path))
+        journal.fsync_dir(tree, os.path.dirname(rel))
         return _stat_of(os.fstat(fd))  # after the rename, which changes the ctime
     finally:
         os.close(fd)

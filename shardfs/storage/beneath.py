@@ -1,0 +1,181 @@
+"""Paths below a local source, resolved beneath its root with no symbolic link followed.
+
+Why: whoever can write a source can plant a symlink at any name shardfs
+opens there (a key, `.shardfs/lock`, a journal entry, a temp file), and a
+writer that followed it would create, truncate or rename whatever the link
+points to, with the writer's rights (root's, for an administrator's `fsck`).
+So every path shardfs writes below a local source is a relative path that a
+`Tree` resolves from a descriptor of the source root: with openat2(2) and
+RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS where the kernel has it (5.6 and later),
+else one component at a time with O_NOFOLLOW. Either way a symlink anywhere
+on the path is ELOOP, and `..` or an absolute path is EXDEV before anything is
+looked up, so nothing outside the root is ever reached.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import struct
+
+#: openat2(2) on every Linux architecture (syscalls added since 5.1 share their numbers).
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x02, 0x04, 0x08
+#: `struct open_how`: flags, mode, resolve.
+_OPEN_HOW = struct.Struct("QQQ")
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+#: Whether openat2 is known to be missing (ENOSYS: an old kernel, or a seccomp filter).
+_no_openat2 = False
+#: A directory opened only to resolve names in it.
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def components(path: str) -> list[str]:
+    """The names of relative `path`; EXDEV for `..` or an absolute path, which could lead out."""
+    if path.startswith("/") or ".." in path.split("/"):
+        raise OSError(errno.EXDEV, "leads out of the source", path)
+    return [name for name in path.split("/") if name not in ("", ".")]
+
+
+def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0o666) -> int:
+    """`os.open` of relative `path` below directory `dirfd`, never through a symlink
+    (ELOOP) and never out of it (EXDEV); the descriptor is not inherited by children."""
+    global _no_openat2
+    names = components(path)
+    if not names:
+        return os.open(".", flags | os.O_CLOEXEC, dir_fd=dirfd)
+    flags |= os.O_CLOEXEC
+    if not _no_openat2:
+        how = _OPEN_HOW.pack(
+            flags,
+            mode if flags & os.O_CREAT or flags & os.O_TMPFILE == os.O_TMPFILE else 0,
+            _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS,
+        )
+        fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode("/".join(names)), how, len(how))
+        if fd >= 0:
+            return fd
+        code = ctypes.get_errno()
+        if code != errno.ENOSYS:
+            raise OSError(code, os.strerror(code), path)
+        _no_openat2 = True
+    return _open_walking(dirfd, names, flags, mode, path)
+
+
+def _open_walking(dirfd: int, names: list[str], flags: int, mode: int, path: str) -> int:
+    """`open_beneath` without openat2: one component at a time, each with O_NOFOLLOW."""
+    current = dirfd
+    try:
+        for name in names[:-1]:
+            try:
+                step = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=current)
+            except NotADirectoryError:
+                # O_PATH | O_NOFOLLOW opens a symlink itself, which then is no directory
+                if stat.S_ISLNK(os.stat(name, dir_fd=current, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
+                raise
+            if current != dirfd:
+                os.close(current)
+            current = step
+        return os.open(names[-1], flags | os.O_NOFOLLOW, mode, dir_fd=current)
+    finally:
+        if current != dirfd:
+            os.close(current)
+
+
+class Tree:
+    """A directory (a local source's root) in which every name is resolved beneath it.
+
+    The root is opened once, by its real path with no symlink followed; so all
+    that is written goes into the directory the tree was made for, and an
+    identity with fewer rights (see `shardfs.storage.writers`) needs no access
+    to the directories above it. `path` is only for messages.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        slash = os.open("/", _DIR_FLAGS)
+        try:
+            self.fd = open_beneath(slash, root.lstrip("/"), _DIR_FLAGS)
+        finally:
+            os.close(slash)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    __del__ = close
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel) if rel else self.root
+
+    def open(self, rel: str, flags: int, mode: int = 0o666) -> int:
+        return open_beneath(self.fd, rel, flags, mode)
+
+    def _parent(self, rel: str) -> tuple[int, str]:
+        """A descriptor of the directory holding `rel` (to close) and its last name."""
+        names = components(rel)
+        if not names:
+            raise OSError(errno.EINVAL, "names the root itself", self.root)
+        return open_beneath(self.fd, "/".join(names[:-1]), _DIR_FLAGS), names[-1]
+
+    def lstat(self, rel: str) -> os.stat_result:
+        """What `rel` is, itself (a symlink as a symlink)."""
+        if not components(rel):
+            return os.fstat(self.fd)
+        parent, name = self._parent(rel)
+        try:
+            return os.stat(name, dir_fd=parent, follow_symlinks=False)
+        finally:
+            os.close(parent)
+
+    def mkdir(self, rel: str, mode: int = 0o777) -> None:
+        parent, name = self._parent(rel)
+        try:
+            os.mkdir(name, mode, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def rmdir(self, rel: str) -> None:
+        parent, name = self._parent(rel)
+        try:
+            os.rmdir(name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def unlink(self, rel: str) -> None:
+        """Remove the name `rel` (a symlink itself, never what it points to)."""
+        parent, name = self._parent(rel)
+        try:
+            os.unlink(name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def rename(self, src: str, dst: str) -> None:
+        src_parent, src_name = self._parent(src)
+        try:
+            dst_parent, dst_name = self._parent(dst)
+            try:
+                os.rename(src_name, dst_name, src_dir_fd=src_parent, dst_dir_fd=dst_parent)
+            finally:
+                os.close(dst_parent)
+        finally:
+            os.close(src_parent)
+
+    def listdir(self, rel: str) -> list[str]:
+        fd = self.open(rel, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    def fsync_dir(self, rel: str) -> None:
+        """Make the entries of directory `rel` (creations, renames, removals) durable."""
+        fd = self.open(rel, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
