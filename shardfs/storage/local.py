@@ -33,8 +33,8 @@ from shardfs.primitives.errors import (
 )
 from shardfs.storage import journal
 from shardfs.storage.base import ABSENT, Entry, Pin, RequestCounts, Stat, Storage
-from shardfs.storage.descriptors import Descriptor, DescriptorPool
 from shardfs.storage.beneath import Tree
+from shardfs.storage.descriptors import Descriptor, DescriptorPool
 from shardfs.storage.writers import Identity, UnsafeSource, acting_as, writer_of
 
 log = logging.getLogger("shardfs")
