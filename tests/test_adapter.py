@@ -386,3 +386,44 @@ def test_a_chunk_file_listed_after_its_lookup_is_read_as_listed(
     assert listed != ino
     assert run(lambda: ops.read(listed, 0, 4096)) == np.full(64, 7, "u2").tobytes()
     assert run(lambda: ops.read(ino, 0, 4096)) == before
+
+
+def test_a_passed_through_file_gets_a_node_id_per_version(
+    source: Path, replies: Callable[[int], Replies]
+) -> None:
+    """Kernel-served: a file passed through as stored is numbered by version as a chunk
+    file is. Looked up, then renamed over by a longer one and listed in the middle of a
+    listing begun before (a continuation re-sends what was computed then): the old node
+    id keeps the old size and bytes, the new one has the new, whatever order the kernel
+    gets the replies in; the kernel forgetting the old one lets its entry go."""
+    notes = source / "notes"
+    notes.mkdir()
+    for i in range(40):
+        (notes / f"f{i:02}").write_bytes(b"old" * (i + 1))
+    ops = operations(source, kernel_served=True)
+    directory = run(lambda: inode_of(ops, "notes"))
+    recorder = replies(10)
+
+    async def first_reply() -> None:
+        await ops.readdir(directory, 0, None)  # type: ignore[arg-type]
+
+    run(first_reply)  # the listing is taken now: f39 as "old" * 40
+    old = run(lambda: inode_of(ops, "notes/f39"))
+    (notes / "new").write_bytes(b"a newer, longer version" * 10)
+    (notes / "new").rename(notes / "f39")
+    new = run(lambda: inode_of(ops, "notes/f39"))
+    assert new != old
+    recorder.left = 40
+
+    async def rest() -> None:
+        await ops.readdir(directory, recorder.next_ids[-1], None)  # type: ignore[arg-type]
+
+    run(rest)
+    assert recorder.inos[recorder.names.index("f39")] == old  # the listing's, as computed
+    getattr_of = lambda ino: run(lambda: ops.getattr(ino, None)).st_size  # noqa: E731
+    assert getattr_of(old) == 120 and getattr_of(new) == 230
+    assert run(lambda: ops.read(old, 0, 4096)) == b"old" * 40
+    assert run(lambda: ops.read(new, 0, 4096)) == b"a newer, longer version" * 10
+    entries = len(ops.inodes)
+    run(lambda: ops.forget([(old, 2)]))  # the lookup's and the listing's references
+    assert len(ops.inodes) == entries - 1 and ops.inodes.version(old) is None
