@@ -23,7 +23,7 @@ def open_files(root: Path) -> list[str]:
             link = os.readlink(f"/proc/self/fd/{fd}")
         except FileNotFoundError:
             continue  # the listing's own descriptor, closed by now
-        if link.startswith(str(root)):
+        if link.startswith(f"{root}/"):
             names.append(Path(link.removesuffix(" (deleted)")).name)
     return sorted(names)
 

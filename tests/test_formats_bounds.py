@@ -28,6 +28,7 @@ from shardfs.formats.zarr_v3 import (
 from shardfs.primitives.errors import InvalidMetadata, InvalidWrite
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, Role
+from tests.test_formats import array_meta as array
 
 DEEP = "[" * 2000 + "]" * 2000
 BIG = "9" * 5000
@@ -44,18 +45,6 @@ def nested(depth: int) -> str:
 def sharding(chunk_shape: list[int], codecs: list | None = None) -> dict:
     config = {"chunk_shape": chunk_shape, "codecs": codecs or [{"name": "bytes"}]}
     return {"name": "sharding_indexed", "configuration": config}
-
-
-def array(shape: list[int], shard: list[int], codecs: list) -> dict[str, Any]:
-    return {
-        "zarr_format": 3,
-        "node_type": "array",
-        "shape": shape,
-        "data_type": "uint8",
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": shard}},
-        "fill_value": 0,
-        "codecs": codecs,
-    }
 
 
 # -- JSON ----------------------------------------------------------------------------

@@ -11,18 +11,17 @@ import errno
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import tensorstore as ts
 
 from shardfs.formats.precomputed import Sharding, morton_positions
-from shardfs.storage import LocalStorage
 from shardfs.view.precomputed import PrecomputedNamespace
 from tests.conftest import Mounted
 from tests.s3 import S3Env
 from tests.test_mount_precomputed import (
+    RecordingStorage,
     ScaleCase,
     VolumeCase,
     error_lines,
@@ -56,18 +55,10 @@ HASHED = VolumeCase(
 )
 
 
-class CountingStorage(LocalStorage):
+class CountingStorage(RecordingStorage):
     """A local source that claims S3's request cost and records every read."""
 
     request_cost = 1 << 20
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.reads: list[tuple[str, int, int]] = []
-
-    def read(self, key: str, offset: int, length: int, version: Any = None) -> bytes:
-        self.reads.append((key, offset, length))
-        return super().read(key, offset, length, version)
 
 
 def in_id_order(case: VolumeCase) -> list[str]:

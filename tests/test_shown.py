@@ -26,6 +26,7 @@ from shardfs.view import Namespace
 from shardfs.view import shown as shown_module
 from shardfs.view.nodes import Extent
 from shardfs.view.shown import READ_AHEAD, TIDY_EVERY, KernelVersions, Shown
+from tests.test_descriptors import open_files
 
 
 def replace(path: Path, data: bytes) -> None:
@@ -214,27 +215,16 @@ def test_versions_past_their_lifetime_are_let_go_by_a_later_show(
     storage = LocalStorage(tmp_path)
     versions = KernelVersions(storage, timeout=10)
 
-    def open_files() -> set[str]:
-        names = set()
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                link = os.readlink(f"/proc/self/fd/{fd}")
-            except FileNotFoundError:
-                continue  # the listing's own descriptor, closed by now
-            if link.startswith(str(tmp_path)):
-                names.add(Path(link).name)
-        return names
-
     def show(name: str, inode: int) -> None:
         with storage.recording() as seen:
             storage.stat(name)
         versions.show(seen, inode=inode)
 
     show("f", 1)
-    assert open_files() == {"f"}
+    assert open_files(tmp_path) == ["f"]
     clock[0] += versions.lifetime + TIDY_EVERY
     show("g", 2)
-    assert open_files() == {"g"}
+    assert open_files(tmp_path) == ["g"]
     assert versions.latest(1, "") is None and versions.latest(2, "") is not None
 
 
