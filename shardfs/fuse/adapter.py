@@ -9,7 +9,6 @@ loop.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import errno
 import functools
@@ -691,7 +690,6 @@ class Operations(pyfuse3.Operations):
                 or not self.inodes.holds(window.slots)
             ):
                 window = self._windows[fh] = _Window.of(run, row, self.inodes)
-                self._as_read(window)
             i = row - window.start
             stop = min(window.stop - window.start, i + 1024)
             if window.inos is None:  # counted: entries, referenced once sent
@@ -718,19 +716,6 @@ class Operations(pyfuse3.Operations):
             if sent < stop - i:
                 return False
         return True
-
-    def _as_read(self, window: _Window) -> None:
-        """Give the chunks of `window` that a pass is reading the attributes of the version
-        it reads (see `_shown`): a listing taken meanwhile must not tell the kernel a new
-        size while the pass goes on with the old version. Their inode numbers ascend."""
-        if window.inos is None:
-            return
-        for ino, live in self._readers.items():
-            i = bisect.bisect_left(window.inos, ino)
-            if i < len(window.inos) and window.inos[i] == ino:
-                attr = live.reader.attr()
-                window.sizes[i], window.blocks[i] = attr.size, -(-attr.size // 512)
-                window.mtimes[i] = attr.mtime_ns
 
     async def releasedir(self, fh: int) -> None:
         self._listings.pop(fh, None)
