@@ -33,6 +33,7 @@ from shardfs.primitives.errors import (
 )
 from shardfs.storage import journal
 from shardfs.storage.base import ABSENT, Entry, Pin, RequestCounts, Stat, Storage
+from shardfs.storage.watch import Token, Watches
 
 log = logging.getLogger("shardfs")
 
@@ -73,18 +74,10 @@ _version: Callable[[os.stat_result], tuple[int, int, int, int, int]] = operator.
 )
 
 
-def _same_content(st: os.stat_result, stat: Stat) -> bool:
-    """Whether the file `st` describes still holds the bytes of version `stat`. An inode
-    unlinked or renamed over gets a new ctime but keeps its bytes, and nobody can open it
-    by name any more to change them."""
-    version = _version(st)
-    return version == stat.version or (st.st_nlink == 0 and version[:4] == stat.version[:4])
-
-
 class _FilePin(Pin):
     """A local file's inode, held open: replaced by a rename or unlinked, it stays
     readable, so an open chunk keeps the bytes it opened; changed in place (an append,
-    a rewrite), it is a new version."""
+    a rewrite, also after its unlink: see `_same_content`), it is a new version."""
 
     in_place = True
     keeps_version = True
@@ -92,6 +85,9 @@ class _FilePin(Pin):
     def __init__(self, storage: LocalStorage, key: str, stat: Stat) -> None:
         super().__init__(storage, key, stat)
         self._fd = -1
+        #: the write watch that vouches for the version once unlinked (`_same_content`)
+        self._watch: Token | None = None
+        self._watches = storage._watches
         #: the range last given to `advise`
         self._advised = (0, 0)
         try:
@@ -100,11 +96,34 @@ class _FilePin(Pin):
             raise SourceChanged(f"{storage.describe(key)} was removed") from None
         except OSError as e:
             raise StorageError(f"{storage.describe(key)}: {e.strerror}") from None
-        st = os.fstat(fd)
+        st, self._watch = self._watched(fd, stat)
         if (st.st_dev, st.st_ino) != stat.version[:2] or st.st_size < stat.size:  # type: ignore[index]
-            os.close(fd)
+            os.close(fd)  # not `stat`'s version, so not watched
             raise SourceChanged(f"{storage.describe(key)} was replaced")
         self._fd = fd
+
+    def _watched(self, fd: int, stat: Stat) -> tuple[os.stat_result, Token | None]:
+        """The stat of `fd`, and a write watch taken before it if it is exactly version
+        `stat` (None otherwise: a change since `stat` was taken, such as an in-place
+        rewrite with the mtime set back, may be in it, and nothing vouches for it)."""
+        st, watch = self._watches.watch(fd)
+        if watch is not None and _version(st) != stat.version:
+            self._watches.release(watch)
+            watch = None
+        return st, watch
+
+    def _same_content(self, st: os.stat_result) -> bool:
+        """Whether the file `st` describes still holds the bytes of the version pinned.
+        An inode unlinked or renamed over gets a new ctime but keeps its bytes; but a
+        descriptor opened before can still write to it, and a rewrite in place at the
+        same size with the mtime set back, then an unlink, changes the same fields. So
+        only if no write to it was seen since its version was verified."""
+        version = _version(st)
+        if version == self.stat.version:
+            return True
+        if st.st_nlink != 0 or version[:4] != self.stat.version[:4]:  # type: ignore[index]
+            return False
+        return self._watch is not None and self._watches.unchanged(self._watch)
 
     def read(self, offset: int, length: int, grown_ok: bool = False) -> bytes:
         """`Pin.read`; `grown_ok`: also while the file has grown past the range since (an
@@ -119,7 +138,7 @@ class _FilePin(Pin):
             code = errno.errorcode.get(e.errno, "?")
             raise StorageError(f"{self.storage.describe(self.key)}: read failed ({code})") from None
         self.storage.counts.add("read", read=len(data))
-        if _version(st) != self.stat.version and not _same_content(st, self.stat):
+        if _version(st) != self.stat.version and not self._same_content(st):
             # Checked after the read, so that a change during it is seen too.
             grown = st.st_size >= self.stat.size and offset + length <= self.stat.size
             if not (grown_ok and grown):
@@ -140,10 +159,21 @@ class _FilePin(Pin):
     def current(self) -> Stat | None:
         return _stat_of(os.fstat(self._fd))
 
+    def follow(self, stat: Stat) -> None:
+        """`Pin.follow`, with a write watch taken afresh to vouch for `stat` (the change
+        followed, an append, was itself a write)."""
+        super().follow(stat)
+        if self._watch is not None:
+            self._watches.release(self._watch)
+            self._watch = None
+        self._watch = self._watched(self._fd, stat)[1]
+
     def clone(self) -> _FilePin:
         other = copy.copy(self)
         other._fd = os.dup(self._fd)  # not inherited by children, as every fd Python makes
         other._advised = (0, 0)
+        if self._watch is not None:
+            other._watch = self._watches.share(self._watch)
         return other
 
     def advise(self, offset: int, length: int) -> None:
@@ -155,11 +185,20 @@ class _FilePin(Pin):
             os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watches.release(self._watch)
+            self._watch = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
-    __del__ = close  # a reader dropped without `close` must not leak its descriptor
+    def __del__(self) -> None:
+        """A reader dropped without `close` must not leak its descriptor, nor its watch
+        (let go without the lock, which this thread may hold: see `Watches.drop`)."""
+        if self._watch is not None:
+            self._watches.drop(self._watch)
+            self._watch = None
+        self.close()
 
 
 class LocalStorage(Storage):
@@ -169,6 +208,7 @@ class LocalStorage(Storage):
         self.root = Path(root).resolve()
         self.counts = RequestCounts()
         self._journal = journal.Journal(self.root)
+        self._watches = Watches()
         self._paths: dict[str, str] = {}
         self._names: dict[str, tuple[tuple[int, ...], list[str]]] = {}
 
