@@ -17,12 +17,15 @@ another version: sound, at the price of EIO for a file renamed over while read.
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import ctypes
+import fcntl
 import logging
 import os
 import struct
+import termios
 import threading
 
 log = logging.getLogger("shardfs")
@@ -77,6 +80,8 @@ class Watches:
         self._lock = threading.Lock()
         self._fd = -1
         self._warned = False
+        #: bytes of events queued (`FIONREAD`: cheaper than a read that finds none)
+        self._queued = array.array("i", [0])
         #: the watches the kernel holds for us, by watch descriptor
         self._by_wd: dict[int, _Watch] = {}
         #: those a new pin may share: by (st_dev, st_ino)
@@ -180,12 +185,12 @@ class Watches:
         """Count the queued events. An overflow (or more than `DRAIN_READS` reads of
         them) lost some, IN_IGNORED among them: every watch is then let go, counting as
         written, and pins made later watch afresh."""
+        queued = self._queued
         for _ in range(DRAIN_READS):
-            try:
-                data = os.read(self._fd, 1 << 16)
-            except BlockingIOError:
+            fcntl.ioctl(self._fd, termios.FIONREAD, queued, True)
+            if not queued[0]:
                 return
-            if not self._count(data):
+            if not self._count(os.read(self._fd, queued[0])):
                 break
         for watch in list(self._by_wd.values()):
             self._remove(watch)
