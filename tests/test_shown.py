@@ -5,6 +5,8 @@ a version is gone; shows expire with the kernel's copy."""
 from __future__ import annotations
 
 import ctypes
+import errno
+import gc
 import logging
 import mmap
 import os
@@ -388,6 +390,28 @@ def test_pins_of_a_file_share_one_watch_kept_a_while_after_the_last(
     storage.pin("d", storage.stat("d")).close()
     storage.pin("a", storage.stat("a")).close()  # watched again, "c" let go
     assert kernel_watches(storage) == 2
+
+
+def test_a_clone_that_cannot_be_made_leaves_the_pin_its_descriptor_and_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors: the half-made clone, collected, closes and releases nothing of
+    the pin it copied."""
+    _, pin = pinned(tmp_path)
+
+    def no_descriptor(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "dup", no_descriptor)
+    with pytest.raises(OSError):
+        pin.clone()
+    monkeypatch.undo()
+    gc.collect()
+    replace(tmp_path / "f", b"newer")
+    try:
+        assert pin.read(0, 3) == b"old"  # its descriptor, and its watch vouches for it
+    finally:
+        pin.close()
 
 
 def test_without_a_watch_an_unlinked_version_with_a_new_ctime_fails(

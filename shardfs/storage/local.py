@@ -170,6 +170,7 @@ class _FilePin(Pin):
 
     def clone(self) -> _FilePin:
         other = copy.copy(self)
+        other._fd, other._watch = -1, None  # not ours: a failed dup must not close them
         other._fd = os.dup(self._fd)  # not inherited by children, as every fd Python makes
         other._advised = (0, 0)
         if self._watch is not None:
