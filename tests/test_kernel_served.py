@@ -191,6 +191,36 @@ def test_a_file_shown_then_replaced_is_read_as_shown(
     assert "ERROR" not in mounted.log(), mounted.log()
 
 
+def test_a_shard_rewritten_in_place_then_renamed_over_is_not_served(
+    tmp_path: Path, mount: Callable[..., Mounted]
+) -> None:
+    """A chunk file looked up, whose shard is then rewritten in place at its size with its
+    mtime set back (other values, written by zarr-python elsewhere), then renamed over by
+    zarr-python: by its stat, the version kept is what a plain rename over leaves. The
+    read fails once (EIO, one log line naming the shard), never giving the in-place
+    bytes; the next gets the new version."""
+    source = tmp_path / "src"
+    kind = {"shape": (64,), "chunks": (16,), "shards": (64,), "dtype": "int32", "compressors": None}
+    array = zarr.create_array(source, **kind)
+    array[...] = 1
+    zarr.create_array(tmp_path / "other", **kind)[...] = 3
+    mounted = mount(source, "ro")
+    chunk = mounted.path / "c" / "0"
+    assert chunk.stat().st_size == 64
+    shard = source / "c" / "0"
+    st = shard.stat()
+    with open(shard, "r+b") as f:
+        f.write((tmp_path / "other" / "c" / "0").read_bytes())
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    array[...] = 2  # zarr-python renames a new shard over it
+    with pytest.raises(OSError) as failed:
+        chunk.read_bytes()
+    assert failed.value.errno == errno.EIO
+    assert set(np.frombuffer(chunk.read_bytes(), "<i4").tolist()) == {2}
+    errors = [line for line in mounted.log().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "c/0 changed" in errors[0], errors
+
+
 def test_one_pass_is_one_version_however_many_files_are_read_meanwhile(
     tmp_path: Path, mount: Callable[..., Mounted]
 ) -> None:

@@ -35,6 +35,7 @@ from shardfs.storage import journal
 from shardfs.storage.base import ABSENT, Entry, Pin, RequestCounts, Stat, Storage
 from shardfs.storage.beneath import Tree
 from shardfs.storage.descriptors import Descriptor, DescriptorPool
+from shardfs.storage.watch import Token, Watches
 from shardfs.storage.writers import Identity, UnsafeSource, acting_as, writer_of
 
 log = logging.getLogger("shardfs")
@@ -76,19 +77,12 @@ _version: Callable[[os.stat_result], tuple[int, int, int, int, int]] = operator.
 )
 
 
-def _same_content(st: os.stat_result, stat: Stat) -> bool:
-    """Whether the file `st` describes still holds the bytes of version `stat`. An inode
-    unlinked or renamed over gets a new ctime but keeps its bytes, and nobody can open it
-    by name any more to change them."""
-    version = _version(st)
-    return version == stat.version or (st.st_nlink == 0 and version[:4] == stat.version[:4])
-
-
 class _FilePin(Pin):
     """A local file's inode, held open: replaced by a rename or unlinked, it stays
     readable, so an open chunk keeps the bytes it opened; changed in place (an append,
-    a rewrite), it is a new version. Pins of one version share its descriptor, which the
-    store's budget may close between reads (`shardfs.storage.descriptors`)."""
+    a rewrite, also after its unlink: see `_same_content`), it is a new version. Pins of
+    one version share its descriptor, which the store's budget may close between reads
+    (`shardfs.storage.descriptors`)."""
 
     in_place = True
     keeps_version = True
@@ -96,6 +90,9 @@ class _FilePin(Pin):
     def __init__(self, storage: LocalStorage, key: str, stat: Stat) -> None:
         super().__init__(storage, key, stat)
         self._descriptor: Descriptor | None = None
+        #: the write watch that vouches for the version once unlinked (`_same_content`)
+        self._watch: Token | None = None
+        self._watches = storage._watches
         self._pool = storage._descriptors
         #: the range last given to `advise`
         self._advised = (0, 0)
@@ -103,10 +100,42 @@ class _FilePin(Pin):
         self._descriptor = self._pool.share(
             (key, stat.version), path, lambda: _open_version(storage, key, path, stat)
         )
+        self._watch = self._watched(stat)
 
     def _held(self) -> Descriptor:
         assert self._descriptor is not None, "a read of a closed pin"
         return self._descriptor
+
+    def _watched(self, stat: Stat) -> Token | None:
+        """A write watch taken before a stat of the file that finds it exactly version
+        `stat` (None otherwise: a change since `stat` was taken, such as an in-place
+        rewrite with the mtime set back, may be in it, and nothing vouches for it)."""
+        descriptor = self._held()
+        try:
+            fd = self._pool.acquire(descriptor)
+        except SourceChanged:
+            return None
+        try:
+            st, watch = self._watches.watch(fd)
+        finally:
+            self._pool.release(descriptor)
+        if watch is not None and _version(st) != stat.version:
+            self._watches.release(watch)
+            watch = None
+        return watch
+
+    def _same_content(self, st: os.stat_result) -> bool:
+        """Whether the file `st` describes still holds the bytes of the version pinned.
+        An inode unlinked or renamed over gets a new ctime but keeps its bytes; but a
+        descriptor opened before can still write to it, and a rewrite in place at the
+        same size with the mtime set back, then an unlink, changes the same fields. So
+        only if no write to it was seen since its version was verified."""
+        version = _version(st)
+        if version == self.stat.version:
+            return True
+        if st.st_nlink != 0 or version[:4] != self.stat.version[:4]:  # type: ignore[index]
+            return False
+        return self._watch is not None and self._watches.unchanged(self._watch)
 
     def read(self, offset: int, length: int, grown_ok: bool = False) -> bytes:
         """`Pin.read`; `grown_ok`: also while the file has grown past the range since (an
@@ -122,7 +151,7 @@ class _FilePin(Pin):
         finally:
             self._pool.release(descriptor)
         self.storage.counts.add("read", read=len(data))
-        if _version(st) != self.stat.version and not _same_content(st, self.stat):
+        if _version(st) != self.stat.version and not self._same_content(st):
             # Checked after the read, so that a change during it is seen too.
             grown = st.st_size >= self.stat.size and offset + length <= self.stat.size
             if not (grown_ok and grown):
@@ -151,10 +180,20 @@ class _FilePin(Pin):
         finally:
             self._pool.release(descriptor)
 
+    def follow(self, stat: Stat) -> None:
+        """`Pin.follow`, with a write watch taken afresh to vouch for `stat` (the change
+        followed, an append, was itself a write)."""
+        super().follow(stat)
+        if self._watch is not None:
+            self._watches.release(self._watch)
+            self._watch = None
+        self._watch = self._watched(stat)
+
     def clone(self) -> _FilePin:
         descriptor = self._held()
         other = copy.copy(self)
         other._advised = (0, 0)
+        other._watch = None if self._watch is None else self._watches.share(self._watch)
         self._pool.again(descriptor)
         return other
 
@@ -175,12 +214,20 @@ class _FilePin(Pin):
             self._pool.release(descriptor)
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watches.release(self._watch)
+            self._watch = None
         descriptor, self._descriptor = self._descriptor, None
         if descriptor is not None:
             self._pool.unshare(descriptor)
 
     def __del__(self) -> None:
-        """A reader dropped without `close` must not leak its descriptor."""
+        """A reader dropped without `close` must not leak its descriptor, nor its watch
+        (both let go without a lock, which this thread may hold: see `Watches.drop` and
+        `DescriptorPool.dropped`)."""
+        watch, self._watch = getattr(self, "_watch", None), None
+        if watch is not None:
+            self._watches.drop(watch)
         descriptor, self._descriptor = getattr(self, "_descriptor", None), None
         if descriptor is not None:
             self._pool.dropped(descriptor)
@@ -217,6 +264,8 @@ class LocalStorage(Storage):
         self._names: dict[str, tuple[tuple[int, ...], list[str]]] = {}
         #: the descriptors of its pins, shared per version, within the process's budget
         self._descriptors = DescriptorPool(_version)
+        #: write watches of the inodes its pins hold (see `_FilePin._same_content`)
+        self._watches = Watches()
 
     def _path(self, key: str) -> str:
         # Every request stats a few keys (a metadata document, a shard), the same ones
