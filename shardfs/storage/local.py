@@ -32,7 +32,7 @@ from shardfs.primitives.errors import (
     StorageError,
 )
 from shardfs.storage import journal
-from shardfs.storage.base import ABSENT, Entry, Pin, RequestCounts, Stat, Storage
+from shardfs.storage.base import ABSENT, Access, Entry, Pin, RequestCounts, Stat, Storage
 
 log = logging.getLogger("shardfs")
 
@@ -63,7 +63,7 @@ def _is_private(key: str) -> bool:
 
 def _stat_of(st: os.stat_result) -> Stat:
     is_dir = stat_mod.S_ISDIR(st.st_mode)
-    return Stat(is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, _version(st))
+    return Stat(is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, _version(st), _access(st))
 
 
 #: The version of a local file as its stat tells (its inode, size and times), taken on every
@@ -71,6 +71,9 @@ def _stat_of(st: os.stat_result) -> Stat:
 _version: Callable[[os.stat_result], tuple[int, int, int, int, int]] = operator.attrgetter(
     "st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns"
 )
+
+#: Its mode, owner and group (`Stat.access`): from the stat its version comes from.
+_access: Callable[[os.stat_result], Access] = operator.attrgetter("st_mode", "st_uid", "st_gid")
 
 
 def _same_content(st: os.stat_result, stat: Stat) -> bool:

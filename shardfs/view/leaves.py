@@ -147,7 +147,9 @@ class ChunkDirectory:
             raise MissingChunk(self._parts + name)
         stat = table.stat
         if self._as_stored:  # `_attr`, inline: a frame less per chunk file
-            attr = Attr(False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes))
+            attr = Attr(
+                False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes), stat.access
+            )
         else:
             attr = self._attr(array, key, stat, offset, nbytes)
         seen = self._seen.get(key)
@@ -164,8 +166,10 @@ class ChunkDirectory:
 
     def _attr(self, array: ArrayView, key: str, stat: Stat, offset: int, nbytes: int) -> Attr:
         if self._as_stored:
-            return Attr(False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes))
-        return Attr(False, array.served_size(nbytes), stat.mtime_ns)
+            return Attr(
+                False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes), stat.access
+            )
+        return Attr(False, array.served_size(nbytes), stat.mtime_ns, None, stat.access)
 
     def _seen_of(self, key: str, stat: Stat) -> dict[str, Stat | None]:
         """The versions a chunk of shard `key` at `stat` is shown from: one dict for all
