@@ -77,8 +77,9 @@ TABLE: tuple[tuple[str, str], ...] = (
     (
         "`allow_other`",
         (
-            "let other users see the mount (needs `user_allow_other` in `/etc/fuse.conf` for "
-            "non-root)"
+            "let other users see the mount, the kernel checking the modes shown (see "
+            "[Permissions](docs/semantics.md#permissions); needs `user_allow_other` in "
+            "`/etc/fuse.conf` for non-root)"
         ),
     ),
     (

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +169,82 @@ def test_owner_and_mode_options_are_checked() -> None:
     ]:
         with pytest.raises(UsageError, match=says):
             parse_options([bad])
+
+
+def _precomputed(root: Path) -> Path:
+    """A sharded precomputed volume written by tensorstore."""
+    import tensorstore as ts
+
+    sharding = {
+        "@type": "neuroglancer_uint64_sharded_v1",
+        "preshift_bits": 0,
+        "hash": "identity",
+        "minishard_bits": 1,
+        "shard_bits": 1,
+        "minishard_index_encoding": "raw",
+        "data_encoding": "raw",
+    }
+    store = ts.open(
+        {
+            "driver": "neuroglancer_precomputed",
+            "kvstore": {"driver": "file", "path": str(root)},
+            "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+            "scale_metadata": {
+                "key": "s0",
+                "size": [16, 16, 8],
+                "chunk_size": [8, 8, 8],
+                "resolution": [1, 1, 1],
+                "encoding": "raw",
+                "sharding": sharding,
+            },
+            "create": True,
+        }
+    ).result()
+    store[...] = np.ones((16, 16, 8, 1), dtype="u1")
+    return root
+
+
+def _wkw(root: Path) -> Path:
+    from tests.wkw_data import make_dataset
+
+    return make_dataset(root, compressed=False)
+
+
+@pytest.mark.parametrize("make", [_precomputed, _wkw])
+def test_precomputed_and_wkw_files_show_the_stored_file_they_are_served_from(
+    make: Callable[[Path], Path], tmp_path: Path
+) -> None:
+    """Chunk files show their shard's (WKW: data file's) mode and owner, documents their
+    stored document's, directories (virtual ones too) the nearest stored directory's."""
+    from shardfs.options import MountOptions
+    from shardfs.sources import open_source, open_view
+    from shardfs.view.nodes import Role
+
+    src = make(tmp_path / "src")
+    stored_chunks = 0
+    for directory, _, files in os.walk(src):
+        os.chown(directory, 1234, 5678)
+        os.chmod(directory, 0o750)
+        for name in files:
+            path = os.path.join(directory, name)
+            data = name.endswith(".shard") or os.path.basename(directory).startswith("y")
+            stored_chunks += data
+            os.chown(path, 1234, 5678)
+            os.chmod(path, 0o604 if data else 0o640)
+    assert stored_chunks
+    options = MountOptions(read_only=True)
+    view = open_view(open_source(str(src), options), options, "test")
+    seen: set[Role] = set()
+    pending = [view.root()]
+    while pending:
+        directory = pending.pop()
+        for name, node, listed in view.listing(directory).items():
+            node = view.lookup(directory, name)
+            mode = 0o750 if node.is_dir else 0o604 if node.role is Role.CHUNK else 0o640
+            for attr in (listed, view.attr(node)):
+                assert attr.access is not None, node
+                assert (stat.S_IMODE(attr.access[0]), *attr.access[1:]) == (mode, 1234, 5678)
+            seen.add(node.role)
+            if node.is_dir:
+                pending.append(node)
+    assert {Role.CHUNK, Role.METADATA, Role.ARRAY} <= seen

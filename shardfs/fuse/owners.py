@@ -21,7 +21,7 @@ import stat
 
 from shardfs.storage.base import Access
 
-#: Distinct (kind, access) answers kept; all are dropped when full.
+#: Distinct answers kept of each kind (files, directories); all are dropped when full.
 KEPT = 1024
 
 
@@ -43,16 +43,23 @@ class Owners:
         self._file_mode = file_mode
         self._dir_mode = dir_mode
         self._mounter = (os.getuid(), os.getgid())
-        self._shown: dict[tuple[bool, Access | None], tuple[int, int, int]] = {}
+        self._files: dict[Access | None, tuple[int, int, int]] = {}
+        self._dirs: dict[Access | None, tuple[int, int, int]] = {}
+        #: the last answer, by identity: the chunks of a shard share one `access` object
+        self._last: tuple[bool, Access | None, tuple[int, int, int]] = (False, (), (0, 0, 0))
 
     def of(self, is_dir: bool, access: Access | None) -> tuple[int, int, int]:
         """(st_mode, st_uid, st_gid) of a directory or regular file shown from `access`."""
-        key = (is_dir, access)
-        found = self._shown.get(key)
+        last = self._last
+        if access is last[1] and is_dir is last[0]:
+            return last[2]
+        shown = self._dirs if is_dir else self._files
+        found = shown.get(access)
         if found is None:
-            if len(self._shown) >= KEPT:
-                self._shown.clear()
-            found = self._shown[key] = self._make(is_dir, access)
+            if len(shown) >= KEPT:
+                shown.clear()
+            found = shown[access] = self._make(is_dir, access)
+        self._last = (is_dir, access, found)
         return found
 
     def _make(self, is_dir: bool, access: Access | None) -> tuple[int, int, int]:
