@@ -39,8 +39,10 @@ def _source(root: Path) -> Path:
     src = root / "src"
     group = zarr.open_group(src, mode="w")
     for name in ("private", "shared"):
+        # the index first: a write through the mount then replaces the shard (no append)
+        shards = {"shape": (16,), "index_location": "start"}
         array = group.create_array(
-            name, shape=(16,), dtype="u1", chunks=(4,), shards=(16,), compressors=None
+            name, shape=(16,), dtype="u1", chunks=(4,), shards=shards, compressors=None
         )
         array[:] = np.arange(16, dtype="u1")
     (src / "notes.txt").write_text("root's notes\n")
@@ -248,3 +250,22 @@ def test_precomputed_and_wkw_files_show_the_stored_file_they_are_served_from(
             if node.is_dir:
                 pending.append(node)
     assert {Role.CHUNK, Role.METADATA, Role.ARRAY} <= seen
+
+
+@pytest.mark.fuse
+def test_a_shard_rewritten_through_the_mount_keeps_its_owner_and_mode(
+    users: tuple[User, User], public_dir: Path
+) -> None:
+    """The new version of a shard is made by the daemon (root here): it takes the mode and
+    owner of the one it replaces, so a write opens no private shard to everyone."""
+    user = users[0]
+    src = _source(public_dir)
+    shard = src / "private" / "c" / "0"
+    os.chown(shard, user.uid, user.gid)
+    before = shard.stat().st_ino
+    with _mounted(public_dir, src, "rw") as mnt:
+        array = zarr.open_array(mnt / "private", mode="r+")
+        array[4:8] = 7
+    assert shard.stat().st_ino != before  # replaced, not appended to
+    assert _shown(shard) == (0o600, user.uid, user.gid)
+    assert zarr.open_array(src / "private", mode="r")[4:8].tolist() == [7] * 4

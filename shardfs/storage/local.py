@@ -520,6 +520,7 @@ def _rename_into_place(fd: int, tmp: str, path: str, views: list[memoryview]) ->
     try:
         try:
             journal.write_all(fd, views, 0)
+            _keep_access(fd, path)
             os.fsync(fd)
             os.rename(tmp, path)
         except BaseException:
@@ -529,6 +530,25 @@ def _rename_into_place(fd: int, tmp: str, path: str, views: list[memoryview]) ->
         return _stat_of(os.fstat(fd))  # after the rename, which changes the ctime
     finally:
         os.close(fd)
+
+
+def _keep_access(fd: int, path: str) -> None:
+    """Give the new version (open as `fd`) the mode, owner and group of the file at `path`
+    it replaces: the mount shows them and other users' access follows them, so a rewrite
+    must not open a private shard to everyone (nor take it from its owner, where the
+    daemon may give it back: as root, or as a member of its group)."""
+    try:
+        old = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new file: the umask's mode
+    if not stat_mod.S_ISREG(old.st_mode):
+        return
+    new = os.fstat(fd)
+    if (new.st_uid, new.st_gid) != (old.st_uid, old.st_gid):
+        uid = old.st_uid if os.geteuid() == 0 else -1  # only root gives files away
+        with contextlib.suppress(PermissionError):  # not a member of its group
+            os.fchown(fd, uid, old.st_gid)
+    os.fchmod(fd, stat_mod.S_IMODE(old.st_mode))  # after fchown, which clears set-id bits
 
 
 def _read_cached(fd: int, offset: int, length: int) -> bytes:
