@@ -77,8 +77,26 @@ TABLE: tuple[tuple[str, str], ...] = (
     (
         "`allow_other`",
         (
-            "let other users see the mount (needs `user_allow_other` in `/etc/fuse.conf` for "
-            "non-root)"
+            "let other users see the mount, the kernel checking the modes shown (see "
+            "[Permissions](docs/semantics.md#permissions); needs `user_allow_other` in "
+            "`/etc/fuse.conf` for non-root)"
+        ),
+    ),
+    (
+        "`uid=N`, `gid=N`",
+        (
+            "the owner and group every file shows (numbers; default: the stored file's, on S3 "
+            "and for files not yet committed the mounting user's; see [Permissions]"
+            "(docs/semantics.md#permissions))"
+        ),
+    ),
+    (
+        "`file_mode=MODE`, `dir_mode=MODE`",
+        (
+            "the mode every file or directory shows, in octal (e.g. 0440; default: the stored "
+            "file's permission bits, without execute bits for files and without write bits with"
+            " `ro`; on S3 0444 and 0555, or 0644 and 0755 read-write). With `allow_other` the "
+            "kernel checks these modes for other users"
         ),
     ),
     (
@@ -300,6 +318,11 @@ class MountOptions:
     #: read-only mounts: how long the kernel trusts what it caches (entries, attributes,
     #: and with `kernel_cache` pages and listings) before it asks again
     cache_timeout: float = 300.0
+    #: the owner, group and modes every file shows instead of the stored ones
+    uid: int | None = None
+    gid: int | None = None
+    file_mode: int | None = None
+    dir_mode: int | None = None
     #: kernel mount flags (KERNEL_FLAGS), the last given of each pair (`exec`/`noexec`, ...)
     flags: dict[str, str] = field(default_factory=dict)
     given: list[str] = field(default_factory=list)
@@ -359,6 +382,20 @@ def _positive(name: str, value: str, kind: type[int] | type[float]) -> float:
     if not number > 0:
         raise UsageError(f"option {name} needs a positive number, got {value!r}")
     return number
+
+
+def _id(name: str, value: str) -> int:
+    """A user or group id: a decimal number below 2**32 - 1 (which means "none")."""
+    if not re.fullmatch(r"[0-9]{1,10}", value) or int(value) >= 0xFFFFFFFF:
+        raise UsageError(f"option {name} needs a numeric id (0 to 4294967294), got {value!r}")
+    return int(value)
+
+
+def _mode(name: str, value: str) -> int:
+    """A file mode in octal: permission bits, with the set-id and sticky bits (at most 7777)."""
+    if not re.fullmatch(r"0*[0-7]{1,4}", value):
+        raise UsageError(f"option {name} needs an octal mode from 0 to 7777, got {value!r}")
+    return int(value, 8)
 
 
 def _flag_pair(flag: str) -> str:
@@ -431,6 +468,10 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.inodes = int(_positive(name, value, int))
             elif name == "cache_timeout":
                 options.cache_timeout = _positive(name, value, float)
+            elif name in ("uid", "gid"):
+                setattr(options, name, _id(name, value))
+            elif name in ("file_mode", "dir_mode"):
+                setattr(options, name, _mode(name, value))
             elif name == "kernel_cache":
                 if value not in ("yes", "no"):
                     raise UsageError(f"option kernel_cache takes yes or no, got {value!r}")

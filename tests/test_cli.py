@@ -233,6 +233,7 @@ PLACEHOLDERS = {
     "URL": "http://localhost:9000",
     "NAME": "x",
     "FILE": "/tmp/x.log",
+    "MODE": "0440",
 }
 
 

@@ -28,6 +28,7 @@ import trio
 
 from shardfs.checksum.digests import ChunkDigests
 from shardfs.fuse.inodes import InodeTable, Slot
+from shardfs.fuse.owners import Owners
 from shardfs.primitives.blocking import WouldBlock, attempt
 from shardfs.primitives.errors import (
     AlreadyExists,
@@ -49,7 +50,7 @@ from shardfs.primitives.errors import (
     StorageError,
     Unimplemented,
 )
-from shardfs.storage.base import Stat
+from shardfs.storage.base import Access, Stat
 from shardfs.view import Attr, Node, Role
 from shardfs.view.interface import Opened, OpenFile, ViewInterface, Writes
 from shardfs.view.leaves import DIRECTORIES_KEPT, ChunkDirectory
@@ -104,6 +105,7 @@ class _Window:
     sizes: list[int]
     blocks: list[int]
     mtimes: list[int]
+    accesses: list[Access | None]
     #: the slots those numbers are made from (see `InodeTable.holds`)
     slots: dict[int, Slot]
 
@@ -121,6 +123,7 @@ class _Window:
             sizes.tolist(),
             ((sizes + 511) // 512).tolist(),
             run.mtimes(row, stop),
+            run.accesses(row, stop),
             inodes.slots_of(run) if inos is not None else {},
         )
 
@@ -129,20 +132,24 @@ def _send(
     token: pyfuse3.ReaddirToken,
     entry: pyfuse3.EntryAttributes,
     position: int,
-    rows: Iterable[tuple[bytes, int, int, int, int]],
+    rows: Iterable[tuple[bytes, int, int, int, int, Access | None]],
+    owners: Owners,
 ) -> int:
-    """Add chunk files (name, inode, size, blocks, mtime) to a readdirplus reply, `entry`
-    holding what they share; how many fit. A listing of a million files spends its
-    time in this loop: keep it bare."""
+    """Add chunk files (name, inode, size, blocks, mtime, access) to a readdirplus reply,
+    `entry` holding what they share; how many fit. A listing of a million files spends
+    its time in this loop: keep it bare."""
     reply = pyfuse3.readdir_reply
     last = -1
+    shown: object = entry  # no access: the first row sets its owner
     sent = 0
-    for name, ino, size, nblocks, mtime in rows:
+    for name, ino, size, nblocks, mtime, access in rows:
         entry.st_ino = ino
         entry.st_size = size
         entry.st_blocks = nblocks
         if mtime != last:
             entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = last = mtime
+        if access is not shown:
+            entry.st_mode, entry.st_uid, entry.st_gid = owners.of(False, shown := access)
         if not reply(token, name, entry, position + sent + 1):
             break
         sent += 1
@@ -243,6 +250,11 @@ class MountConfig:
     #: kernel is asked to forget the oldest
     inodes: int = 100_000
     kernel_served: bool = False
+    #: the owner and modes every file shows, replacing the source's (see `Owners`)
+    uid: int | None = None
+    gid: int | None = None
+    file_mode: int | None = None
+    dir_mode: int | None = None
 
     @property
     def cache_timeout(self) -> float:
@@ -355,7 +367,9 @@ class Operations(pyfuse3.Operations):
         self._extents: dict[int, Extent] = {}
         self._digests: ChunkDigests | None = None
         self._next_fh = itertools.count(1)
-        self._uid, self._gid = os.getuid(), os.getgid()
+        self._owners = Owners(
+            config.read_only, config.uid, config.gid, config.file_mode, config.dir_mode
+        )
         #: FUSE requests by handler, and error replies by errno, for `shardfs stats`
         self.requests: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
@@ -400,16 +414,11 @@ class Operations(pyfuse3.Operations):
         entry.st_ino = ino
         entry.generation = 0
         entry.entry_timeout = entry.attr_timeout = self._timeout
-        if attr.is_dir:
-            entry.st_mode = stat.S_IFDIR | (0o555 if self.config.read_only else 0o755)
-            entry.st_nlink = 2
-        else:
-            entry.st_mode = stat.S_IFREG | (0o444 if self.config.read_only else 0o644)
-            entry.st_nlink = 0 if removed else 1
+        entry.st_mode, entry.st_uid, entry.st_gid = self._owners.of(attr.is_dir, attr.access)
+        entry.st_nlink = 2 if attr.is_dir else 0 if removed else 1
         entry.st_size = attr.size
         entry.st_blksize = 65536
         entry.st_blocks = -(-attr.size // 512)
-        entry.st_uid, entry.st_gid = self._uid, self._gid
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = attr.mtime_ns
         return entry
 
@@ -704,9 +713,10 @@ class Operations(pyfuse3.Operations):
                 window.sizes[i:stop],
                 window.blocks[i:stop],
                 window.mtimes[i:stop],
+                window.accesses[i:stop],
                 strict=True,
             )
-            sent = _send(token, entry, position, rows)
+            sent = _send(token, entry, position, rows, self._owners)
             if window.inos is None:
                 for k, ino in enumerate(inos):
                     (self.inodes.ref if k < sent else self.inodes.drop_unreferenced)(ino)

@@ -14,7 +14,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final
 
@@ -28,6 +28,10 @@ class _Absent(Enum):
         return "ABSENT"
 
 
+#: A stored object's (st_mode, st_uid, st_gid), as its stat tells: what the mount shows
+#: of its owner and mode (see `shardfs.fuse.owners`).
+Access = tuple[int, int, int]
+
 ABSENT: Final = _Absent.ABSENT
 """An `expect` meaning "the object must not exist" (there is no version to name)."""
 
@@ -37,13 +41,16 @@ class Stat:
     """What the view needs to know about an object or directory.
 
     `version` changes whenever the content may have changed (for local files:
-    inode, size and mtime; for S3 later: the ETag). Caches key on it.
+    inode, size and mtime; for S3 later: the ETag). Caches key on it. `access` is the
+    object's mode, owner and group where the store has them (local files: from the
+    same stat, and a chmod or chown changes the version through the ctime); None on S3.
     """
 
     is_dir: bool
     size: int
     mtime_ns: int
     version: Hashable
+    access: Access | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

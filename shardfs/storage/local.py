@@ -32,7 +32,7 @@ from shardfs.primitives.errors import (
     StorageError,
 )
 from shardfs.storage import journal
-from shardfs.storage.base import ABSENT, Entry, Pin, RequestCounts, Stat, Storage
+from shardfs.storage.base import ABSENT, Access, Entry, Pin, RequestCounts, Stat, Storage
 from shardfs.storage.beneath import Tree
 from shardfs.storage.descriptors import Descriptor, DescriptorPool
 from shardfs.storage.watch import Token, Watches
@@ -67,7 +67,7 @@ def _is_private(key: str) -> bool:
 
 def _stat_of(st: os.stat_result) -> Stat:
     is_dir = stat_mod.S_ISDIR(st.st_mode)
-    return Stat(is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, _version(st))
+    return Stat(is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, _version(st), _access(st))
 
 
 #: The version of a local file as its stat tells (its inode, size and times), taken on every
@@ -75,6 +75,9 @@ def _stat_of(st: os.stat_result) -> Stat:
 _version: Callable[[os.stat_result], tuple[int, int, int, int, int]] = operator.attrgetter(
     "st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns"
 )
+
+#: Its mode, owner and group (`Stat.access`): from the stat its version comes from.
+_access: Callable[[os.stat_result], Access] = operator.attrgetter("st_mode", "st_uid", "st_gid")
 
 
 class _FilePin(Pin):
@@ -667,6 +670,7 @@ def _rename_into_place(tree: Tree, fd: int, tmp: str, rel: str, views: list[memo
     try:
         try:
             journal.write_all(fd, views, 0)
+            _keep_access(fd, tree, rel)
             os.fsync(fd)
             tree.rename(tmp, rel)
         except BaseException:
@@ -676,6 +680,25 @@ def _rename_into_place(tree: Tree, fd: int, tmp: str, rel: str, views: list[memo
         return _stat_of(os.fstat(fd))  # after the rename, which changes the ctime
     finally:
         os.close(fd)
+
+
+def _keep_access(fd: int, tree: Tree, rel: str) -> None:
+    """Give the new version (open as `fd`) the mode, owner and group of the file at `rel`
+    (below `tree`) it replaces: the mount shows them and other users' access follows them, so a rewrite
+    must not open a private shard to everyone (nor take it from its owner, where the
+    daemon may give it back: as root, or as a member of its group)."""
+    try:
+        old = tree.lstat(rel)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new file: the umask's mode
+    if not stat_mod.S_ISREG(old.st_mode):
+        return
+    new = os.fstat(fd)
+    if (new.st_uid, new.st_gid) != (old.st_uid, old.st_gid):
+        uid = old.st_uid if os.geteuid() == 0 else -1  # only root gives files away
+        with contextlib.suppress(PermissionError):  # not a member of its group
+            os.fchown(fd, uid, old.st_gid)
+    os.fchmod(fd, stat_mod.S_IMODE(old.st_mode))  # after fchown, which clears set-id bits
 
 
 def _read_cached(fd: int, offset: int, length: int) -> bytes:

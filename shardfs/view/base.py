@@ -274,7 +274,7 @@ class Reader:
 
     def attr(self) -> Attr:
         """The file as opened: what `fstat` shows of it once its path names another file."""
-        return Attr(False, self.size, self._stat.mtime_ns)
+        return Attr(False, self.size, self._stat.mtime_ns, None, self._stat.access)
 
     def read(self, offset: int, size: int) -> bytes:
         if self._failed is not None:

@@ -148,7 +148,12 @@ class ChunkDirectory:
         stat = table.stat
         if self._as_stored:  # `_attr`, inline: a frame less per chunk file
             attr = Attr(
-                False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes), (key, stat)
+                False,
+                nbytes,
+                stat.mtime_ns,
+                Extent(key, stat, offset, nbytes),
+                stat.access,
+                (key, stat),
             )
         else:
             attr = self._attr(array, key, stat, offset, nbytes)
@@ -167,9 +172,14 @@ class ChunkDirectory:
     def _attr(self, array: ArrayView, key: str, stat: Stat, offset: int, nbytes: int) -> Attr:
         if self._as_stored:
             return Attr(
-                False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes), (key, stat)
+                False,
+                nbytes,
+                stat.mtime_ns,
+                Extent(key, stat, offset, nbytes),
+                stat.access,
+                (key, stat),
             )
-        return Attr(False, array.served_size(nbytes), stat.mtime_ns, None, (key, stat))
+        return Attr(False, array.served_size(nbytes), stat.mtime_ns, None, stat.access, (key, stat))
 
     def _seen_of(self, key: str, stat: Stat) -> dict[str, Stat | None]:
         """The versions a chunk of shard `key` at `stat` is shown from: one dict for all

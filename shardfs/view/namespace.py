@@ -184,7 +184,8 @@ class Namespace(SourceView):
 
     def attr(self, node: Node) -> Attr:
         if node.role in (Role.GROUP, Role.ARRAY) and not self.presentation.passthrough:
-            return Attr(True, 0, self.presentation.fresh(node.meta).metadata.mtime_ns)
+            meta = self.presentation.fresh(node.meta)
+            return Attr(True, 0, meta.metadata.mtime_ns, None, self.presentation.dir_access(meta))
         if node.is_dir or node.role is Role.FILE:
             key = self._backing_key(node)
             stat = self.storage.stat(key)
@@ -194,11 +195,11 @@ class Namespace(SourceView):
             if self.shard_mtimes and self.shards.holds_shards(node):
                 entries = listed(self.storage, key)
                 mtime_ns = max([mtime_ns, *(e.stat.mtime_ns for e in entries)])
-            return Attr(node.is_dir, stat.size, mtime_ns)
+            return Attr(node.is_dir, stat.size, mtime_ns, None, stat.access)
         meta = self.presentation.fresh(node.meta)
         if node.role is Role.METADATA:
             size, mtime_ns = self.presentation.document_size(meta, node.name)
-            return Attr(False, size, mtime_ns)
+            return Attr(False, size, mtime_ns, None, meta.metadata.access)
         assert isinstance(meta, ArrayView)
         return self._chunk_attr(meta, node.coords)
 
@@ -206,8 +207,17 @@ class Namespace(SourceView):
         key, table, offset, nbytes = self.shards.locate(array, coords)
         stat = table.stat
         if not array.served_as_stored:
-            return Attr(False, array.served_size(nbytes), stat.mtime_ns, None, (key, stat))
-        return Attr(False, nbytes, stat.mtime_ns, Extent(key, stat, offset, nbytes), (key, stat))
+            return Attr(
+                False, array.served_size(nbytes), stat.mtime_ns, None, stat.access, (key, stat)
+            )
+        return Attr(
+            False,
+            nbytes,
+            stat.mtime_ns,
+            Extent(key, stat, offset, nbytes),
+            stat.access,
+            (key, stat),
+        )
 
     def _backing_key(self, node: Node) -> str:
         """The source key whose stat stands for a directory or passthrough node."""

@@ -21,7 +21,7 @@ from shardfs.formats.keys import ChunkKeyEncoding
 from shardfs.formats.zarr_v2 import Transform, V2Array
 from shardfs.formats.zarr_v3 import ShardedLayout
 from shardfs.primitives.errors import CorruptData
-from shardfs.storage.base import Stat
+from shardfs.storage.base import Access, Stat
 from shardfs.view.hierarchy import join
 from shardfs.view.readahead import HasExtents
 
@@ -189,6 +189,10 @@ class Attr:
     mtime_ns: int
     #: where its bytes are stored as served, if that was found anyway (a chunk's lookup)
     extent: Extent | None = field(default=None, compare=False)
+    #: the mode and owner of the stored object it is shown from (`Stat.access`: a chunk
+    #: file's shard, a document's stored document, a virtual directory's nearest stored
+    #: one), None where the store has none; what the mount shows of it
+    access: Access | None = None
     #: a chunk file's shard (its key and the version these attributes come from): what a
     #: kernel-served mount numbers the file's versions by
     shard: tuple[str, Stat] | None = field(default=None, compare=False)
@@ -196,7 +200,7 @@ class Attr:
     @classmethod
     def of(cls, stat: Stat) -> Attr:
         """A source object shown as it is stored."""
-        return cls(stat.is_dir, stat.size, stat.mtime_ns)
+        return cls(stat.is_dir, stat.size, stat.mtime_ns, None, stat.access)
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,6 +239,11 @@ class ChunkRun:
         """The mtimes of chunks [start, stop): their shards'."""
         mtimes = self._shard_mtimes
         return [mtimes[i] for i in self.shard[start:stop].tolist()]
+
+    def accesses(self, start: int, stop: int) -> list[Access | None]:
+        """The modes and owners of chunks [start, stop): their shards' (see `Attr.access`)."""
+        accesses = [stat.access for _, stat in self.shards]
+        return [accesses[i] for i in self.shard[start:stop].tolist()]
 
     def names(self, start: int = 0, stop: int | None = None) -> list[str]:
         """The file names of chunks [start, stop): the last component of each view key."""
@@ -333,6 +342,10 @@ class Listing:
         """Every entry with a node (one object per chunk: for small directories and tests)."""
         yield from self.entries
         for run in self.runs:
-            details = zip(run.names(), run.sizes.tolist(), run.mtimes(0, len(run)), strict=True)
-            for i, (name, size, mtime_ns) in enumerate(details):
-                yield name, run.node(i, name), Attr(False, size, mtime_ns)
+            end = len(run)
+            details = zip(
+                run.names(), run.sizes.tolist(), run.mtimes(0, end), run.accesses(0, end),
+                strict=True,
+            )  # fmt: skip
+            for i, (name, size, mtime_ns, access) in enumerate(details):
+                yield name, run.node(i, name), Attr(False, size, mtime_ns, None, access)

@@ -477,10 +477,13 @@ class PrecomputedNamespace(SourceView):
         target = self._target(self.volume(), node.path)
         if isinstance(target, Volume):
             info = self.storage.stat(INFO)
-            return Attr(False, len(target.info), info.mtime_ns if info is not None else 0)
+            if info is None:
+                return Attr(False, len(target.info), 0)
+            return Attr(False, len(target.info), info.mtime_ns, None, info.access)
         if isinstance(target, _Chunk):
-            return Attr(False, self._file_size(target), target.stat.mtime_ns)
-        return Attr(target.is_dir, target.size, target.mtime_ns)
+            stat = target.stat
+            return Attr(False, self._file_size(target), stat.mtime_ns, None, stat.access)
+        return Attr.of(target)
 
     def listdir(self, node: Node) -> list[tuple[str, Node, Attr]]:
         """The entries of a directory node, sorted by name."""
@@ -525,10 +528,10 @@ class PrecomputedNamespace(SourceView):
             return (
                 entry.name,
                 Node(path, Role.METADATA),
-                Attr(False, len(volume.info), stat.mtime_ns),
+                Attr(False, len(volume.info), stat.mtime_ns, None, stat.access),
             )
         role = self._role(volume, path, stat)
-        return entry.name, Node(path, role), Attr(stat.is_dir, stat.size, stat.mtime_ns)
+        return entry.name, Node(path, role), Attr.of(stat)
 
     def _chunks_of_shard(
         self, scale: Scale, directory: str, shard: int, stat: Stat
@@ -553,7 +556,8 @@ class PrecomputedNamespace(SourceView):
         for chunk in chunks:
             name = scale.chunk_name(chunk.position)
             node = Node(join(directory, name), Role.CHUNK)
-            listing.append((name, node, Attr(False, self._file_size(chunk), stat.mtime_ns)))
+            attr = Attr(False, self._file_size(chunk), stat.mtime_ns, None, stat.access)
+            listing.append((name, node, attr))
         return listing
 
     # -- data ----------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from shardfs.formats.zarr_v3 import render as render_v3
 from shardfs.primitives.cache import LruCache
 from shardfs.primitives.errors import InvalidMetadata, NotFound, SourceChanged, StorageError
 from shardfs.primitives.retry import attempts
-from shardfs.storage.base import Entry, Storage
+from shardfs.storage.base import Access, Entry, Storage
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, join
 from shardfs.view.nodes import ArrayView, Attr, GroupView, Node, NodeView, Role
 from shardfs.view.shards import table_cost
@@ -348,7 +348,8 @@ class Presentation:
             meta = self.meta_at(path)
             if meta is not None:
                 node = self._node_of(path, meta)
-                listing.append((name, node, Attr(True, 0, meta.metadata.mtime_ns)))
+                access = self.dir_access(meta)
+                listing.append((name, node, Attr(True, 0, meta.metadata.mtime_ns, None, access)))
                 continue
             doc = self.tree.find(path)
             if doc is not None and doc.key is not None:
@@ -356,6 +357,15 @@ class Presentation:
                 node = Node(join(group.key, shown), Role.FILE, source=doc.key)
                 listing.append((shown, node, Attr.of(doc.stat)))
         return listing
+
+    def dir_access(self, meta: NodeView) -> Access | None:
+        """The mode and owner of the directory of a node of a translated hierarchy, which
+        is not stored: its nearest stored directory's, the one its document is in (an
+        implicit group's is its directory)."""
+        if meta.metadata.is_dir:
+            return meta.metadata.access
+        stat = self.storage.stat((meta.source or METADATA).rpartition("/")[0])
+        return stat.access if stat is not None and stat.is_dir else None
 
     def dir_node(self, key: str) -> Node:
         """The node of source directory `key` as it is now: a plain directory, group or array."""
@@ -458,7 +468,7 @@ class Presentation:
         for name in self.names(meta):
             size, mtime_ns = self.document_size(meta, name)
             node = Node(join(meta.key, name), Role.METADATA, meta)
-            listing.append((name, node, Attr(False, size, mtime_ns)))
+            listing.append((name, node, Attr(False, size, mtime_ns, None, meta.metadata.access)))
         return listing
 
     def group_member(self, group: GroupView, name: str) -> Node:

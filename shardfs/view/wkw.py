@@ -67,7 +67,7 @@ from shardfs.primitives.errors import (
     NotADirectory,
     NotFound,
 )
-from shardfs.storage.base import Entry, Stat, Storage
+from shardfs.storage.base import Access, Entry, Stat, Storage
 from shardfs.view.base import (
     Chunk,
     Reader,
@@ -589,13 +589,21 @@ class WkwNamespace(SourceView):
         target = self._target(dataset, node.path)
         if isinstance(target, bytes):
             assert dataset is not None
-            return Attr(False, len(target), dataset.stat.mtime_ns)
+            return Attr(False, len(target), dataset.stat.mtime_ns, None, dataset.stat.access)
         if isinstance(target, _Block):
-            return Attr(False, target.mag.header.block_bytes, target.stat.mtime_ns)
+            stat = target.stat
+            return Attr(False, target.mag.header.block_bytes, stat.mtime_ns, None, stat.access)
         if isinstance(target, _ChunkDir | Mag):
             assert dataset is not None
-            return Attr(True, 0, dataset.stat.mtime_ns)
+            mag = target if isinstance(target, Mag) else target.mag
+            return Attr(True, 0, dataset.stat.mtime_ns, None, self._dir_access(mag))
         return Attr.of(target)
+
+    def _dir_access(self, mag: Mag) -> Access | None:
+        """The mode and owner of a magnification's directories: its stored directory's (the
+        chunk directories below it are not stored)."""
+        stat = self.storage.stat(mag.key)
+        return stat.access if stat is not None else None
 
     def listing(self, node: Node) -> Listing:
         """The entries of a directory node, sorted by name."""
@@ -613,7 +621,11 @@ class WkwNamespace(SourceView):
 
     def _docs_in(self, dataset: Dataset, directory: str) -> list[tuple[str, Node, Attr]]:
         return [
-            (name, Node(path, Role.METADATA), Attr(False, len(doc), dataset.stat.mtime_ns))
+            (
+                name,
+                Node(path, Role.METADATA),
+                Attr(False, len(doc), dataset.stat.mtime_ns, None, dataset.stat.access),
+            )
             for path, doc in dataset.docs.items()
             if (name := path.rpartition("/")[2]) and join(directory, name) == path
         ]
@@ -632,7 +644,8 @@ class WkwNamespace(SourceView):
             path = join(directory, entry.name)
             if dataset is not None and path in dataset.mags:
                 node = Node(path, Role.ARRAY)
-                listed.append((entry.name, node, Attr(True, 0, dataset.stat.mtime_ns)))
+                attr = Attr(True, 0, dataset.stat.mtime_ns, None, entry.stat.access)
+                listed.append((entry.name, node, attr))
                 continue
             role = self._role(dataset, path, entry.stat)
             listed.append((entry.name, Node(path, role), Attr.of(entry.stat)))
@@ -649,22 +662,27 @@ class WkwNamespace(SourceView):
         # A directory c/0/X/Y lists blocks of one row of files only.
         row = prefix[2] // mag.header.file_len if len(prefix) == 3 else None
         found: dict[int, int] = {}  # index at this level: the latest mtime of its files
+        #: a chunk's mode and owner: its file's (a chunk's block lies in one file)
+        accesses: dict[int, Access | None] = {}
         for position, stat in _files(self.storage, mag.key, row):
             ranges = [range(1), *mag.blocks_of_file(position)]
             if all(ranges[1:]) and all(p in r for p, r in zip(prefix, ranges, strict=False)):
                 for i in ranges[len(prefix)]:
                     found[i] = max(found.get(i, 0), stat.mtime_ns)
+                    accesses[i] = stat.access
+        dir_access = self._dir_access(mag) if found else None
         if isinstance(target, Mag) and self.names.name == "default":  # v3: keys below `c`
             if found:
                 node = Node(join(directory, "c"), Role.CHUNK_DIR, coords=())
-                entries.append(("c", node, Attr(True, 0, dataset.stat.mtime_ns)))
+                entries.append(("c", node, Attr(True, 0, dataset.stat.mtime_ns, None, dir_access)))
             return entries
         for i, mtime_ns in found.items():
             coords = (*prefix, i)
             if len(coords) == 4:  # a chunk: its block lies in one file
-                role, attr = Role.CHUNK, Attr(False, mag.header.block_bytes, mtime_ns)
+                size = mag.header.block_bytes
+                role, attr = Role.CHUNK, Attr(False, size, mtime_ns, None, accesses[i])
             else:
-                role, attr = Role.CHUNK_DIR, Attr(True, 0, mtime_ns)
+                role, attr = Role.CHUNK_DIR, Attr(True, 0, mtime_ns, None, dir_access)
             entries.append((str(i), Node(join(directory, str(i)), role, coords=coords), attr))
         return entries
 
