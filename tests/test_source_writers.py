@@ -297,3 +297,18 @@ def test_a_hard_link_is_left_to_a_person(tmp_path: Path) -> None:
     (line,) = storage.recover()
     assert isinstance(line, journal.Unsettled) and "it has 2 names (hard links)" in line
     assert (tmp_path / "other").read_bytes() == b"x" * 10 and stat.size == 10
+
+
+def test_a_source_made_anew_is_written_where_it_is_read(tmp_path: Path) -> None:
+    """A writer that overwrites a whole hierarchy removes the source directory and makes it
+    again: a store's writes then go to the new directory at the source's path (where its
+    reads, by path, look), not into the removed one its root descriptor still names."""
+    root = tmp_path / "src"
+    root.mkdir()
+    storage = LocalStorage(root)
+    storage.put("a", [b"first"], ABSENT)
+    root.rename(tmp_path / "old")
+    root.mkdir()
+    storage.put("a", [b"second"], ABSENT)
+    assert (root / "a").read_bytes() == b"second" == storage.read("a", 0, 6)
+    assert (tmp_path / "old" / "a").read_bytes() == b"first"

@@ -19,6 +19,7 @@ import errno
 import os
 import stat
 import struct
+import threading
 
 #: openat2(2) on every Linux architecture (syscalls added since 5.1 share their numbers).
 _SYS_OPENAT2 = 437
@@ -88,24 +89,53 @@ def _open_walking(dirfd: int, names: list[str], flags: int, mode: int, path: str
 class Tree:
     """A directory (a local source's root) in which every name is resolved beneath it.
 
-    The root is opened once, by its real path with no symlink followed; so all
-    that is written goes into the directory the tree was made for, and an
-    identity with fewer rights (see `shardfs.storage.writers`) needs no access
-    to the directories above it. `path` is only for messages.
+    The root is opened by its real path with no symlink followed; so an identity
+    with fewer rights (see `shardfs.storage.writers`) needs no access to the
+    directories above it. It is opened again when the directory at that path is
+    another one (a source removed and made anew under a mount, as a writer that
+    overwrites a whole hierarchy does), so that writes go where reads, which go
+    by path, find things. `path` is only for messages.
     """
 
     def __init__(self, root: str) -> None:
         self.root = root
+        self._fd = -1
+        self._id = (-1, -1)
+        #: descriptors of roots that were replaced, which another thread may still use:
+        #: closed with the tree (a root is made anew rarely)
+        self._replaced: list[int] = []
+        self._lock = threading.Lock()
+        self._open_root()
+
+    def _open_root(self) -> None:
         slash = os.open("/", _DIR_FLAGS)
         try:
-            self.fd = open_beneath(slash, root.lstrip("/"), _DIR_FLAGS)
+            fd = open_beneath(slash, self.root.lstrip("/"), _DIR_FLAGS)
         finally:
             os.close(slash)
+        st = os.fstat(fd)
+        if self._fd >= 0:
+            self._replaced.append(self._fd)
+        self._fd, self._id = fd, (st.st_dev, st.st_ino)
+
+    @property
+    def fd(self) -> int:
+        """The root's descriptor: of the directory at the root's path now (one stat)."""
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            return self._fd  # gone: what is done below it fails as it would
+        if (st.st_dev, st.st_ino) != self._id:
+            with self._lock:
+                if (st.st_dev, st.st_ino) != self._id:
+                    self._open_root()
+        return self._fd
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        for fd in (self._fd, *self._replaced):
+            if fd >= 0:
+                os.close(fd)
+        self._fd, self._replaced = -1, []
 
     __del__ = close
 
