@@ -312,3 +312,13 @@ def test_a_source_made_anew_is_written_where_it_is_read(tmp_path: Path) -> None:
     storage.put("a", [b"second"], ABSENT)
     assert (root / "a").read_bytes() == b"second" == storage.read("a", 0, 6)
     assert (tmp_path / "old" / "a").read_bytes() == b"first"
+
+
+def test_a_journal_entry_too_deep_for_python_is_malformed_not_a_crash() -> None:
+    """Whoever writes a source writes its journal: an entry nested deeper than Python's
+    decoder recurses (within the 64 KiB an entry may have) is a malformed entry, left
+    alone and reported, as any other, not a RecursionError out of recovery."""
+    deep = b"[" * 30000 + b"]" * 30000
+    assert len(deep) <= journal.MAX_ENTRY
+    with pytest.raises(ValueError):
+        journal.JournalEntry.decode(deep, journal.entry_name("a"))

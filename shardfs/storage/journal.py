@@ -62,6 +62,7 @@ from pathlib import Path
 
 import crc32c
 
+from shardfs.formats import jsondoc
 from shardfs.storage.beneath import Tree, components
 
 log = logging.getLogger("shardfs")
@@ -222,7 +223,7 @@ class JournalEntry:
     @classmethod
     def decode(cls, data: bytes, name: str) -> JournalEntry:
         """Parse the entry stored as `name`; ValueError says why it is malformed."""
-        doc = json.loads(data)  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        doc = jsondoc.loads(data)  # its errors, and UnicodeDecodeError, are ValueErrors
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
         key, old, new, crc = (doc.get(f) for f in ("key", "old_size", "new_size", "crc32c"))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 
+from shardfs.formats import jsondoc, ome
 from shardfs.formats import metadata_write as mw
-from shardfs.formats import ome
 from shardfs.formats.zarr_v2 import ZARRAY
 from shardfs.formats.zarr_v3 import render
 from shardfs.primitives.errors import IsADirectory, NotFound
@@ -77,7 +77,7 @@ class Stores:
         if stat is None or stat.is_dir:
             return None, ABSENT
         raw = self.storage.read(join(directory, METADATA), 0, stat.size, stat.version)
-        return json.loads(raw), stat.version
+        return jsondoc.loads(raw), stat.version
 
     def _name_axes(self, directory: str, names: list[str]) -> None:
         """Give the level array at `directory` of an OME-Zarr image the dimension names
