@@ -203,6 +203,9 @@ def test_a_versioned_table_names_one_version_per_number(ns: Namespace, tmp_path:
     assert table.slot(first) is None  # let go
     with pytest.raises(KeyError):
         table.node(first)
+    # the same version, shown again (the kernel forgot it, nothing changed): the same numbers
+    assert slot.shard is not None
+    assert table.chunk_base(slot.array, slot.shard) == first - (first & ((1 << SHIFT) - 1))
     table.ref(second)
     third = table.slot(second)
     assert third is not None and table.holds({(second >> SHIFT) - 1: third})

@@ -26,6 +26,7 @@ down, and a slot at zero is let go and its number given to the next version.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Hashable
 
 import numpy as np
@@ -44,6 +45,8 @@ SLOTS = (1 << (63 - SHIFT)) - 1
 #: Slots of a versioned table, each about 400 bytes: versions of shards the kernel holds
 #: chunk files of at once. Beyond it, chunks of new versions get counted numbers.
 VERSIONED_SLOTS = 1 << 20
+#: Slots let go that keep their numbers for the same version (about 200 bytes each).
+RETIRED_KEPT = 1 << 16
 
 
 class FileVersion:
@@ -103,8 +106,13 @@ class InodeTable:
         self._next = pyfuse3.ROOT_INODE + 1
         self._slots: dict[int, Slot] = {}
         self._slot_of: dict[Hashable, int] = {}
-        #: slot numbers let go (versioned tables), given out again first
+        #: slots let go (versioned tables), by what they stood for, the oldest first: the
+        #: same version comes back to the same numbers while it is here
+        self._retired: OrderedDict[Hashable, int] = OrderedDict()
+        #: slot numbers given up by `_retired`, given out again once no fresh one is left
         self._free: list[int] = []
+        #: the next slot number never given out
+        self._fresh = 0
         #: how many slots were let go: a number memoised with an older epoch may stand
         #: for another version now
         self.epoch = 0
@@ -138,7 +146,16 @@ class InodeTable:
         if slot is None:
             if math.prod(grid) > 1 << SHIFT or len(self._slots) >= self._slot_budget:
                 return None
-            slot = self._free.pop() if self._free else len(self._slots)
+            slot = self._retired.pop(slot_key, None)
+            if slot is None:
+                if self._fresh < SLOTS:
+                    slot, self._fresh = self._fresh, self._fresh + 1
+                elif self._free:
+                    slot = self._free.pop()
+                elif self._retired:
+                    slot = self._retired.popitem(last=False)[1]
+                else:
+                    return None
             self._slot_of[slot_key] = slot
             self._slots[slot] = Slot(slot_key, array, shard)
         else:
@@ -236,10 +253,14 @@ class InodeTable:
             self._let_go(slot, found)
 
     def _let_go(self, slot: int, found: Slot) -> None:
+        """The kernel holds no number of `slot`: its record goes, and its number waits in
+        `_retired`, so that the same version, looked up again, gets the same numbers."""
         self.epoch += 1
         del self._slots[slot]
         del self._slot_of[found.slot_key]
-        self._free.append(slot)
+        self._retired[found.slot_key] = slot
+        if len(self._retired) > RETIRED_KEPT:
+            self._free.append(self._retired.popitem(last=False)[1])
 
     def full(self) -> bool:
         """Whether a versioned table has no slot left for a new version."""
