@@ -146,7 +146,7 @@ class ChunkDirectory:
         if nbytes == EMPTY_NBYTES:
             raise MissingChunk(self._parts + name)
         stat = table.stat
-        if self._as_stored:  # `_attr`, inline: a frame less per chunk file
+        if self._as_stored:  # `Attr.of_chunk`, inline: a frame less per chunk file
             attr = Attr(
                 False,
                 nbytes,
@@ -156,7 +156,7 @@ class ChunkDirectory:
                 (key, stat),
             )
         else:
-            attr = self._attr(array, key, stat, offset, nbytes)
+            attr = Attr.of_chunk(array, key, stat, offset, nbytes)
         seen = self._seen.get(key)
         if seen is None or seen[key] is not stat:
             seen = self._seen_of(key, stat)
@@ -166,20 +166,8 @@ class ChunkDirectory:
         """The chunk at `coords` located the way any lookup does (`Shards.locate`): where
         its shard's index must be read first, or a writer's guard passed."""
         key, table, offset, nbytes = self._shards.locate(array, coords)
-        attr = self._attr(array, key, table.stat, offset, nbytes)
+        attr = Attr.of_chunk(array, key, table.stat, offset, nbytes)
         return array, coords, index, attr, {self._doc_key: self._doc, key: table.stat}
-
-    def _attr(self, array: ArrayView, key: str, stat: Stat, offset: int, nbytes: int) -> Attr:
-        if self._as_stored:
-            return Attr(
-                False,
-                nbytes,
-                stat.mtime_ns,
-                Extent(key, stat, offset, nbytes),
-                stat.access,
-                (key, stat),
-            )
-        return Attr(False, array.served_size(nbytes), stat.mtime_ns, None, stat.access, (key, stat))
 
     def _seen_of(self, key: str, stat: Stat) -> dict[str, Stat | None]:
         """The versions a chunk of shard `key` at `stat` is shown from: one dict for all

@@ -205,19 +205,7 @@ class Namespace(SourceView):
 
     def _chunk_attr(self, array: ArrayView, coords: tuple[int, ...]) -> Attr:
         key, table, offset, nbytes = self.shards.locate(array, coords)
-        stat = table.stat
-        if not array.served_as_stored:
-            return Attr(
-                False, array.served_size(nbytes), stat.mtime_ns, None, stat.access, (key, stat)
-            )
-        return Attr(
-            False,
-            nbytes,
-            stat.mtime_ns,
-            Extent(key, stat, offset, nbytes),
-            stat.access,
-            (key, stat),
-        )
+        return Attr.of_chunk(array, key, table.stat, offset, nbytes)
 
     def _backing_key(self, node: Node) -> str:
         """The source key whose stat stands for a directory or passthrough node."""

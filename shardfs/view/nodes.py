@@ -202,6 +202,15 @@ class Attr:
         """A source object shown as it is stored."""
         return cls(stat.is_dir, stat.size, stat.mtime_ns, None, stat.access)
 
+    @classmethod
+    def of_chunk(cls, array: ArrayView, key: str, stat: Stat, offset: int, nbytes: int) -> Attr:
+        """A chunk file of `array`, stored as `nbytes` at `offset` of shard `key` at `stat`."""
+        if not array.served_as_stored:
+            size = array.served_size(nbytes)
+            return cls(False, size, stat.mtime_ns, None, stat.access, (key, stat))
+        extent = Extent(key, stat, offset, nbytes)
+        return cls(False, nbytes, stat.mtime_ns, extent, stat.access, (key, stat))
+
 
 @dataclass(frozen=True, eq=False)
 class ChunkRun:
