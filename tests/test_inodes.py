@@ -178,7 +178,8 @@ def test_a_versioned_table_names_one_version_per_number(ns: Namespace, tmp_path:
     numbers = table.run_inodes(run, 0, len(run))
     assert numbers is not None and numbers[0] == first
     other = numbers[-1]  # chunk (0, 8), in shard (0, 2)
-    table.ref_run(numbers)
+    for n in numbers:
+        table.ref(n)
 
     a = zarr.open_array(tmp_path / "src" / "a", mode="r+")
     a[0:2, 0:2] = 99  # zarr-python rewrites shard (0, 0) only

@@ -106,14 +106,18 @@ class _Window:
     blocks: list[int]
     mtimes: list[int]
     accesses: list[Access | None]
-    #: the slots those numbers are made from (see `InodeTable.holds`)
+    #: the slots those numbers are made from (see `InodeTable.holds`), and each row's
+    #: (whose count of the kernel's references a reply adds to)
     slots: dict[int, Slot]
+    row_slots: list[Slot]
 
     @classmethod
     def of(cls, run: ChunkRun, row: int, inodes: InodeTable) -> _Window:
         stop = min(row + WINDOW, len(run))
         sizes = run.sizes[row:stop]
         inos = inodes.run_inodes(run, row, stop)
+        shard_slots = inodes.run_slots(run) if inos is not None else []
+        records = [found for _, found in shard_slots]
         return cls(
             run,
             row,
@@ -124,7 +128,8 @@ class _Window:
             ((sizes + 511) // 512).tolist(),
             run.mtimes(row, stop),
             run.accesses(row, stop),
-            inodes.slots_of(run) if inos is not None else {},
+            dict(shard_slots),
+            list(map(records.__getitem__, run.shard[row:stop].tolist())) if records else [],
         )
 
 
@@ -720,8 +725,9 @@ class Operations(pyfuse3.Operations):
             if window.inos is None:
                 for k, ino in enumerate(inos):
                     (self.inodes.ref if k < sent else self.inodes.drop_unreferenced)(ino)
-            elif sent:
-                self.inodes.ref_run(inos[:sent])
+            else:
+                for slot in window.row_slots[i : i + sent]:  # `InodeTable.ref`, per slot
+                    slot.refs += 1
             row, position = row + sent, position + sent
             if sent < stop - i:
                 return False

@@ -202,23 +202,17 @@ class InodeTable:
             return None
         return numbers
 
-    def slots_of(self, run: ChunkRun) -> dict[int, Slot]:
-        """The slots the numbers of `run` are made from (none on a table not versioned)."""
+    def run_slots(self, run: ChunkRun) -> list[tuple[int, Slot]]:
+        """The slot (number, record) of each shard of `run` (`run.shards` order), what its
+        numbers are made from; none on a table not versioned, or if one cannot be made."""
         if not self.versioned:
-            return {}
-        found = {}
+            return []
+        found = []
         for shard in run.shards:
-            slot = self._slot_of.get(
-                (
-                    run.array.key,
-                    run.array.layout.grid,
-                    run.array.version,
-                    shard[0],
-                    shard[1].version,
-                )
-            )
-            if slot is not None:
-                found[slot] = self._slots[slot]
+            slot = self._slot(run.array, shard)
+            if slot is None:
+                return []
+            found.append((slot, self._slots[slot]))
         return found
 
     def holds(self, slots: dict[int, Slot]) -> bool:
@@ -229,17 +223,6 @@ class InodeTable:
     def slot(self, ino: int) -> Slot | None:
         """The slot a derived number stands for (None for a counted one, or one let go)."""
         return self._slots.get((ino >> SHIFT) - 1)
-
-    def ref_run(self, inos: list[int]) -> None:
-        """The kernel took a reference to each of `inos` (derived, listed)."""
-        if not self.versioned:
-            return
-        slots = self._slots
-        slots_and_counts = np.unique(np.array(inos, np.int64) >> SHIFT, return_counts=True)
-        for slot, count in zip(*slots_and_counts, strict=True):
-            found = slots.get(int(slot) - 1)
-            if found is not None:
-                found.refs += int(count)
 
     def _unref_slot(self, ino: int, count: int) -> None:
         """A derived number forgotten `count` times: a versioned slot the kernel holds none
