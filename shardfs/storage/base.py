@@ -135,13 +135,6 @@ class Pin:
         """`length` bytes at `offset` of version `stat`; SourceChanged once it is gone."""
         return self.storage.read(self.key, offset, length, self.stat.version)
 
-    def read_prefix(self, offset: int, length: int) -> bytes:
-        """Bytes within version `stat`'s size, also from a later version that only grew
-        from it, where the store can tell growth apart (appends never change the bytes
-        before the old end). Only for data that verifies itself, such as a shard index
-        with its checksum: growth alone does not prove the bytes unchanged."""
-        return self.read(offset, length)
-
     def read_tail(self, length: int) -> bytes:
         """The last `length` bytes of version `stat` (see `Storage.read_tail`)."""
         return self.storage.read_tail(self.key, length, self.stat.size, self.stat.version)
@@ -296,6 +289,11 @@ class Storage(ABC):
             yield
         finally:
             _thread.overlay = previous
+
+    def answering_as_of(self) -> bool:
+        """Whether this thread is inside an `as_of` block of this store."""
+        overlay = getattr(_thread, "overlay", None)
+        return overlay is not None and overlay.storage is self
 
     def recording(self) -> _Recording:
         """Within this block (on this thread), every object stated or listed is noted in

@@ -189,13 +189,13 @@ class SourceView(ABC):
 class Chunk:
     """What a reader of a chunk cut out of a shard needs beyond its bytes' place: the
     part of the shard that located it (`extents`, walked by `read_ahead`), where a walker
-    goes next, and whether a new version of the shard still holds the chunk (`holds`,
-    which then makes the pin serve it; None: nothing ever proves it)."""
+    goes next, and how to open the chunk file again as it is now (`restart`; None where
+    the reader must serve the version it was opened as of, as a kernel-served mount's)."""
 
     read_ahead: ReadAhead
     extents: ExtentSource
     ahead: NextShard | None = None
-    holds: Callable[[Pin, Stat], bool] | None = None
+    restart: Callable[[], Reader] | None = None
 
 
 class Reader:
@@ -252,6 +252,8 @@ class Reader:
         )
         #: (offset, bytes) read ahead of a partial read on a store with costly requests
         self._ahead: tuple[int, bytes] | None = None
+        #: whether a read gave bytes: from then on the file is the version those came from
+        self._served = False
 
     def __enter__(self) -> Reader:
         return self
@@ -285,8 +287,11 @@ class Reader:
         data = self._data
         if data is None:
             if not self._whole:
-                return self._fetch(offset, size)
+                got = self._fetch(offset, size)
+                self._served = True
+                return got
             data = self._load()
+        self._served = True
         # Read to the end: free the buffer of a sequential reader.
         self._data = None if self._whole and offset + size >= self.size else data
         return data[offset : offset + size]
@@ -344,9 +349,13 @@ class Reader:
 
         A file passed through and changed in place shows its new content; one
         replaced by another object (S3) fails. A chunk carries on only if the new
-        version provably holds the bytes it had at open (`Chunk.holds`); otherwise
-        its content is gone and every later read fails, rather than mixing two
-        versions.
+        version provably holds the bytes it had at open, and nothing proves that: an
+        append leaves the bytes before it, but a rewrite in place before the append
+        looks the same afterwards. So its content is gone and every later read fails,
+        rather than mixing two versions; unless no read gave any of its bytes yet and
+        it may be opened again (`Chunk.restart`) at the same size (the size the client
+        holds): it is then the new version, whole, from its first byte (a reader of an
+        untouched chunk while another mount appends to its shard).
         """
         assert self._pin is not None
         now = self._pin.current()
@@ -359,6 +368,12 @@ class Reader:
             self._pin.follow(now)
             self._stat, self.size, self._stored = now, now.size, now.size
             return
-        if chunk.holds is None or not chunk.holds(self._pin, now):
-            raise StorageError(f"{self.path}: {self._describe()} was rewritten while open")
-        self._extents = None  # read-ahead goes by the version a table was made from
+        if not self._served and chunk.restart is not None:
+            again = chunk.restart()
+            if again.size == self.size:
+                pin, self._pin = self._pin, None
+                self.__dict__.update(again.__dict__)
+                pin.close()
+                return
+            again.close()
+        raise StorageError(f"{self.path}: {self._describe()} was rewritten while open")

@@ -23,6 +23,7 @@ with old state.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from shardfs.primitives.cache import LruCache
@@ -272,7 +273,7 @@ class Namespace(SourceView):
                 self.read_ahead,
                 table,
                 lambda n, a=array, s=shard: self.shards.next_shard(a, s, n),
-                lambda pin, now, a=array, t=table: self.shards.still_holds(a, t, pin, now),
+                None if self.storage.answering_as_of() else functools.partial(self.open, node),
             )
             v2 = array.v2
             serve = v2.serve if v2 is not None and not array.served_as_stored else None

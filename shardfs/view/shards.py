@@ -232,7 +232,7 @@ class Shards:
         if level == 0 and not spec.index_at_start and length == pin.stat.size:
             raw = pin.read_tail(spec.index_size)
         else:
-            raw = pin.read_prefix(at, spec.index_size)
+            raw = pin.read(at, spec.index_size)
         index = spec.decode_index(raw, length)
         slots = array.slots[level] if rows is None else array.slots[level][rows]
         picked = index[slots]
@@ -252,22 +252,6 @@ class Shards:
             offset, nbytes = (int(v) for v in index[slot])
             self._fill(array, pin, level + 1, start + offset, nbytes, rows[slots == slot], out)
         return raw
-
-    def still_holds(self, array: ArrayView, table: ShardTable, pin: Pin, now: Stat) -> bool:
-        """Whether version `now` of a shard holds, unchanged, every chunk `table` (made
-        from the version `pin` serves) located; if so, `pin` serves `now` from then on.
-
-        Only an append proves it: the shard grew and its index at the end is still
-        where it was, byte for byte (an appender never changes what lies before
-        the old end, and a rewrite leaves no index there). A shard rewritten at
-        the same size, with its index at the start, or unsharded, proves nothing.
-        """
-        levels = array.layout.levels
-        if not levels or levels[0].index_at_start or now.size <= table.end:
-            return False
-        size = levels[0].index_size
-        pin.follow(now)
-        return crc32c.crc32c(pin.read_prefix(table.end - size, size)) == table.digest
 
     # -- the chunk key space -----------------------------------------------------------
 
