@@ -904,11 +904,15 @@ class Operations(pyfuse3.Operations):
         it does not hold (the kernel itself retries a failed read at once). A chunk
         file's node id names its version: the kernel is told to drop its name too, so
         that the next open looks it up and gets the node id of the version there now."""
-        if shown is None or not shown.stats or isinstance(error, CorruptData | MissingChunk):
+        if shown is None or not shown.stats or isinstance(error, CorruptData):
             return error
         assert self.versions is not None
-        if not await self._run(self.versions.changed, shown):
+        versioned = self.inodes.version(inode) is not None
+        if isinstance(error, NotFound) and not versioned:  # (MissingChunk is a NotFound)
+            return error
+        if not isinstance(error, NotFound) and not await self._run(self.versions.changed, shown):
             return error  # the source holds what was shown: a failure of its own
+        # (a node id that names a version: not found means that version is gone, EIO)
         trio.lowlevel.spawn_system_task(_invalidate, inode)
         if self.inodes.version(inode) is not None:
             # Its node id names the version that is gone: the kernel must look the name
