@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+import numpy as np
 import pyfuse3
 import trio
 
@@ -106,10 +107,11 @@ class _Window:
     blocks: list[int]
     mtimes: list[int]
     accesses: list[Access | None]
-    #: the slots those numbers are made from (see `InodeTable.holds`), and each row's
-    #: (whose count of the kernel's references a reply adds to)
+    #: the slots those numbers are made from (see `InodeTable.holds`), and the stretches
+    #: of rows of each (start, stop, slot), whose counts of the kernel's references a reply
+    #: adds to (rows are in grid order: a stretch per shard, in a chunk directory)
     slots: dict[int, Slot]
-    row_slots: list[Slot]
+    stretches: list[tuple[int, int, Slot]]
 
     @classmethod
     def of(cls, run: ChunkRun, row: int, inodes: InodeTable) -> _Window:
@@ -117,7 +119,14 @@ class _Window:
         sizes = run.sizes[row:stop]
         inos = inodes.run_inodes(run, row, stop)
         shard_slots = inodes.run_slots(run) if inos is not None else []
-        records = [found for _, found in shard_slots]
+        stretches = []
+        if shard_slots:
+            shards = run.shard[row:stop]
+            cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(shards)]
+            firsts = shards[cuts[:-1]].tolist()
+            stretches = [
+                (a, b, shard_slots[k][1]) for a, b, k in zip(cuts, cuts[1:], firsts, strict=False)
+            ]
         return cls(
             run,
             row,
@@ -129,7 +138,7 @@ class _Window:
             run.mtimes(row, stop),
             run.accesses(row, stop),
             dict(shard_slots),
-            list(map(records.__getitem__, run.shard[row:stop].tolist())) if records else [],
+            stretches,
         )
 
 
@@ -726,8 +735,9 @@ class Operations(pyfuse3.Operations):
                 for k, ino in enumerate(inos):
                     (self.inodes.ref if k < sent else self.inodes.drop_unreferenced)(ino)
             else:
-                for slot in window.row_slots[i : i + sent]:  # `InodeTable.ref`, per slot
-                    slot.refs += 1
+                for a, b, slot in window.stretches:  # `InodeTable.ref`, per stretch of a slot
+                    if a < i + sent and b > i:
+                        slot.refs += min(b, i + sent) - max(a, i)
             row, position = row + sent, position + sent
             if sent < stop - i:
                 return False

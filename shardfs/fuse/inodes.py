@@ -187,12 +187,11 @@ class InodeTable:
         """The inode numbers of chunks [start, stop) of a run, or None if they need entries
         (see `assign`). On a versioned table each row's slot is its shard version's."""
         if self.versioned:
-            bases = [self.chunk_base(run.array, shard) for shard in run.shards]
-            if None in bases:
+            slots = self.run_slots(run)
+            if not slots:
                 return None
-            numbers = (
-                run.flat[start:stop] + np.array(bases, np.int64)[run.shard[start:stop]]
-            ).tolist()
+            bases = np.array([(slot + 1) << SHIFT for slot, _ in slots], np.int64)
+            numbers = (run.flat[start:stop] + bases[run.shard[start:stop]]).tolist()
         else:
             slot = self._slot(run.array)
             if slot is None:
