@@ -292,6 +292,15 @@ def rewrite_in_place(path: Path, data: bytes) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
+def fails_and_closes(pin: Pin) -> None:
+    """A read of `pin` is SourceChanged; the pin is closed either way."""
+    try:
+        with pytest.raises(SourceChanged):
+            pin.read(0, 3)
+    finally:
+        pin.close()
+
+
 def pinned(tmp_path: Path) -> tuple[LocalStorage, Pin]:
     (tmp_path / "f").write_bytes(b"old")
     storage = LocalStorage(tmp_path)
@@ -312,11 +321,7 @@ def test_a_pin_rewritten_in_place_then_unlinked_is_another_version(
         os.unlink(tmp_path / "f")
     else:
         replace(tmp_path / "f", b"newer")
-    try:
-        with pytest.raises(SourceChanged):
-            kept.read(0, 3)
-    finally:
-        kept.close()
+    fails_and_closes(kept)
 
 
 @pytest.mark.parametrize("gone", ["renamed over", "removed"])
@@ -383,11 +388,7 @@ def test_a_version_rewritten_before_its_pin_is_not_vouched_for(tmp_path: Path) -
     rewrite_in_place(tmp_path / "f", b"bad")
     pin = storage.pin("f", stat)
     replace(tmp_path / "f", b"newer")
-    try:
-        with pytest.raises(SourceChanged):
-            pin.read(0, 3)
-    finally:
-        pin.close()
+    fails_and_closes(pin)
 
 
 def test_a_pin_that_followed_an_append_reads_it_once_renamed_over(tmp_path: Path) -> None:
@@ -441,11 +442,7 @@ def test_without_a_watch_an_unlinked_version_with_a_new_ctime_fails(
         storage, pin = pinned(tmp_path)
         storage.pin("f", storage.stat("f")).close()
     replace(tmp_path / "f", b"newer")
-    try:
-        with pytest.raises(SourceChanged):
-            pin.read(0, 3)
-    finally:
-        pin.close()
+    fails_and_closes(pin)
     assert len([r for r in caplog.records if "files watched" in r.getMessage()]) == 1
 
 
