@@ -242,7 +242,7 @@ class Reader:
         self._data = data
         self._decode = decode
         self._chunk = chunk
-        #: the part read-ahead walks (None once the shard changed: it goes by version)
+        #: the part read-ahead walks
         self._extents = chunk.extents if chunk is not None else None
         self._failed: ShardfsError | None = None
         costly = storage.request_cost > 0
