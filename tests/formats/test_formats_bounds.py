@@ -28,7 +28,7 @@ from shardfs.formats.zarr_v3 import (
 from shardfs.primitives.errors import InvalidMetadata, InvalidWrite
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, Role
-from tests.test_formats import array_meta as array
+from tests.formats.test_formats import array_meta as array
 
 DEEP = "[" * 2000 + "]" * 2000
 BIG = "9" * 5000

@@ -33,7 +33,7 @@ from shardfs.formats.zarr_draft import (
 )
 from shardfs.formats.zarr_v3 import sharded_layout
 from shardfs.primitives.errors import InvalidMetadata
-from tests.zarr2 import Zarr2
+from tests.support.zarr2 import Zarr2
 
 # Translations name non-core codecs `numcodecs.<id>`, which zarr-python 3 reads with a warning.
 pytestmark = pytest.mark.filterwarnings("ignore:Numcodecs codecs are not in the Zarr version 3")

@@ -27,7 +27,7 @@ from shardfs.formats.wkw import (
     zmetadata,
 )
 from shardfs.primitives.errors import CorruptData, InvalidMetadata
-from tests.wkw_data import BLOCK_LEN, FILE_LEN, header_bytes, write_mag
+from tests.support.wkw_data import BLOCK_LEN, FILE_LEN, header_bytes, write_mag
 
 CASES = [
     (dtype, channels, compressed)

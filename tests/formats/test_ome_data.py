@@ -1,6 +1,6 @@
 """The OME-Zarr test data and the 0.4 reader environment.
 
-The 0.5 builders (tests/ome_data.py) must write what they describe: valid for
+The 0.5 builders (tests/support/ome_data.py) must write what they describe: valid for
 ome-zarr-models v05, and pixels that zarr-python 3 and tensorstore read back as
 described; breaking the data must make those checks fail. ome-zarr-py 0.10 (on zarr 2)
 writes the 0.4 twin of every case, and the 0.4 reader script must find in it what the
@@ -20,7 +20,7 @@ import pytest
 import tensorstore as ts
 import zarr
 
-from tests.ome_data import (
+from tests.support.ome_data import (
     CASES,
     LEVELS,
     OmeData,
@@ -30,8 +30,8 @@ from tests.ome_data import (
     plate,
     validate,
 )
-from tests.ome_read import assert_images_read, assert_plate_read, read_ome_04, write_ome_04
-from tests.zarr2 import Zarr2
+from tests.support.ome_read import assert_images_read, assert_plate_read, read_ome_04, write_ome_04
+from tests.support.zarr2 import Zarr2
 
 by_case = pytest.mark.parametrize("name", CASES)
 

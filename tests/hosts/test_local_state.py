@@ -27,8 +27,8 @@ from shardfs.primitives.private import UnsafeState
 from shardfs.writeback.buffer import PREFIX, SUFFIX, WriteBuffer
 from shardfs.writeback.leftover import Leftovers
 from tests.conftest import one_shard_array, start_mount, stop_mount
-from tests.test_kept_chunks import keep_chunks, make_source
-from tests.users import User
+from tests.mounts.test_kept_chunks import keep_chunks, make_source
+from tests.support.users import User
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 CHUNK = 512 * 1024

@@ -39,12 +39,12 @@ from shardfs.maintenance import fsck
 from shardfs.options import parse_options
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace
-from tests.backends import Source
 from tests.conftest import start_mount, stop_mount
-from tests.ome_data import image_with_labels, plate
+from tests.support.backends import Source
+from tests.support.ome_data import image_with_labels, plate
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 #: The units name the README's install location; tests run the venv's command instead.
 INSTALLED = "/usr/local/bin/shardfs"
 VENV_SHARDFS = Path(sys.executable).parent / "shardfs"

@@ -19,7 +19,7 @@ from shardfs.fuse.owners import Owners
 from shardfs.options import parse_options
 from shardfs.primitives.errors import UsageError
 from tests.conftest import start_mount, stop_mount
-from tests.users import User
+from tests.support.users import User
 
 #: Read each path as the user; prints "OK n" or the errno's name per path.
 READ = """
@@ -207,7 +207,7 @@ def _precomputed(root: Path) -> Path:
 
 
 def _wkw(root: Path) -> Path:
-    from tests.wkw_data import make_dataset
+    from tests.support.wkw_data import make_dataset
 
     return make_dataset(root, compressed=False)
 

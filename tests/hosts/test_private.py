@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardfs.primitives.private import UnsafeState, check_private_dir, open_private, private_dir
-from tests.users import User
+from tests.support.users import User
 
 
 def test_a_new_directory_and_its_missing_parents_are_0700_whatever_the_umask(

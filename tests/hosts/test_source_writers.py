@@ -26,7 +26,7 @@ from shardfs.storage import LocalStorage, beneath, journal
 from shardfs.storage.base import ABSENT
 from shardfs.storage.writers import UnsafeSource
 from tests.conftest import one_shard_array, start_mount, stop_mount
-from tests.users import User
+from tests.support.users import User
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 SECRET = b"root's precious data\n" * 50

@@ -25,7 +25,7 @@ import zarr
 
 from shardfs.fuse.mounts import mount_type, unmount
 from shardfs.options import MountOptions
-from tests.users import User, UserShardfs, dev_fuse_mode
+from tests.support.users import User, UserShardfs, dev_fuse_mode
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 
@@ -286,7 +286,7 @@ def setup_copy(users: tuple[User, User]) -> Iterator[Path]:
     try:
         os.chmod(base, 0o755)
         (base / "scripts").mkdir(mode=0o755)
-        shutil.copy(Path(__file__).parent.parent / "scripts" / "setup", base / "scripts")
+        shutil.copy(Path(__file__).parents[2] / "scripts" / "setup", base / "scripts")
         (base / "bin").mkdir(mode=0o755)
         fake = base / "bin" / "dpkg-query"
         fake.write_text(

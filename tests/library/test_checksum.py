@@ -47,12 +47,12 @@ from shardfs.maintenance import progress_bar
 from shardfs.primitives.errors import SourceChanged
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, View
-from tests import test_mount_draft as draft_arrays
-from tests.backends import Source
-from tests.s3 import S3Env
-from tests.test_mount_v2_view import EXTRA, add_v2_chains
-from tests.test_mount_zarr_python import build
-from tests.zarr2 import Zarr2
+from tests.mounts import test_mount_draft as draft_arrays
+from tests.mounts.test_mount_v2_view import EXTRA, add_v2_chains
+from tests.mounts.test_mount_zarr_python import build
+from tests.support.backends import Source
+from tests.support.s3 import S3Env
+from tests.support.zarr2 import Zarr2
 
 pytestmark = pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec")
 

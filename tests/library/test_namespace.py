@@ -19,7 +19,7 @@ from shardfs.primitives.errors import CorruptData, IsADirectory, NotADirectory, 
 from shardfs.storage import LocalStorage, Stat
 from shardfs.storage.base import Pin
 from shardfs.view import Namespace, Node, Role, View
-from tests.zarr2 import Zarr2
+from tests.support.zarr2 import Zarr2
 
 
 def materialize(ns: Namespace, node: Node, target: Path) -> None:

@@ -28,7 +28,7 @@ from shardfs.view import Namespace
 from shardfs.view import shown as shown_module
 from shardfs.view.nodes import Extent
 from shardfs.view.shown import READ_AHEAD, TIDY_EVERY, KernelVersions, Shown
-from tests.test_descriptors import open_files
+from tests.library.test_descriptors import open_files
 
 
 def replace(path: Path, data: bytes) -> None:

@@ -27,7 +27,7 @@ from shardfs.primitives.errors import NotFound, SourceChanged, StorageError
 from shardfs.storage import LocalStorage, journal
 from shardfs.storage.base import ABSENT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _HEADER = struct.Struct("<4sII")
 
 
@@ -428,7 +428,7 @@ def test_recover_waits_for_a_live_writer(tmp_path: Path, monkeypatch: pytest.Mon
 KILLED_APPENDER = """
 import sys
 from shardfs.storage import LocalStorage
-from tests.test_storage_writes import block, version
+from tests.library.test_storage_writes import block, version
 
 root, key, seq = sys.argv[1], sys.argv[2], int(sys.argv[3])
 storage = LocalStorage(root)
@@ -463,7 +463,7 @@ def test_recover_after_kill_9_leaves_whole_appends(tmp_path: Path) -> None:
 CONCURRENT_APPENDERS = """
 import sys, threading
 from shardfs.storage import LocalStorage
-from tests.test_storage_writes import append_records
+from tests.library.test_storage_writes import append_records
 
 root, key, name, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 storage = LocalStorage(root)

@@ -18,7 +18,7 @@ from shardfs.formats.wkw import PART_BLOCKS, morton_index
 from shardfs.storage import LocalStorage
 from shardfs.view.base import Reader
 from shardfs.view.wkw import WkwNamespace
-from tests.wkw_data import BLOCK_LEN, FILE_LEN, HUGE_FILE, sparse_huge_file, write_mag
+from tests.support.wkw_data import BLOCK_LEN, FILE_LEN, HUGE_FILE, sparse_huge_file, write_mag
 
 #: A block of the magnification below: 8^3 uint64 voxels.
 BLOCK = BLOCK_LEN**3 * 8

@@ -244,7 +244,7 @@ def test_mount_help_and_the_readme_show_every_option_of_the_one_table() -> None:
 
     from shardfs import options
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert options.markdown_table() in readme, (
         "the README's table of mount options is not shardfs.options.markdown_table(): "
         "paste its output into the README"

@@ -21,7 +21,7 @@ import zarr
 
 from shardfs.options import parse_options
 from tests.conftest import Mounted
-from tests.test_kernel_served import CHUNKS, make_source, requests
+from tests.mounts.test_kernel_served import CHUNKS, make_source, requests
 
 pytestmark = pytest.mark.fuse
 

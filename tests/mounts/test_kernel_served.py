@@ -26,7 +26,7 @@ import zarr
 
 from shardfs.fuse.adapter import INODE_AS_FH, INODE_READERS
 from tests.conftest import Mounted
-from tests.test_stats import stats
+from tests.mounts.test_stats import stats
 
 pytestmark = [
     pytest.mark.fuse,

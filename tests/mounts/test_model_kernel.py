@@ -11,7 +11,7 @@ replaces shards (a new file renamed over) and rewrites arrays with another chunk
 data type; hand-built shards are appended to in place, rewritten in place at the same
 size with their mtime put back, compacted (renamed over) and removed.
 
-The oracle (tests/shard_model.py): a pass, one open-to-EOF read of one descriptor however
+The oracle (tests/support/shard_model.py): a pass, one open-to-EOF read of one descriptor however
 many read() calls it takes, gives exactly one version the file had at a boundary between
 steps, whole, or fails with EIO (what it read before must then be the start of one); a
 stat gives a size some version had; a listing names only files some boundary had; no
@@ -63,7 +63,7 @@ from hypothesis.stateful import (
 
 from shardfs.fuse.adapter import INODE_AS_FH
 from tests.conftest import Mounted
-from tests.shard_model import KINDS, Layout, Source, judge
+from tests.support.shard_model import KINDS, Layout, Source, judge
 
 #: The arrays (an example works on one): `w` has 512 chunk files in one directory (2
 #: shards of 256 chunks of 128 B raw, zstd: about 70 B as written, 137 B random, 20 B

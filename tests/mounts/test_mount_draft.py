@@ -22,7 +22,7 @@ import tensorstore as ts
 import zarr
 
 from tests.conftest import Mounted, start_mount, stop_mount
-from tests.zarr2 import Zarr2
+from tests.support.zarr2 import Zarr2
 
 pytestmark = pytest.mark.fuse
 

@@ -2,7 +2,7 @@
 0.5 (issue 20).
 
 The data is written by zarr-python 3 with spec-shaped 0.5 metadata and validated by
-ome-zarr-models v05 (tests/ome_data.py): images of 2 to 5 axes and 3 levels, labels, an
+ome-zarr-models v05 (tests/support/ome_data.py): images of 2 to 5 axes and 3 levels, labels, an
 HCS plate, a bioformats2raw layout, sharded and unsharded levels mixed. Through one
 read-only v2 mount, ome-zarr-py 0.10 on zarr-python 2 (the reader napari's plugin uses)
 must find every image with the pixels and physical metadata the source holds, and
@@ -28,9 +28,9 @@ from ome_zarr_models.exceptions import ValidationWarning
 from ome_zarr_models.v05 import Image as Image05
 
 from tests.conftest import Mounted, start_mount, stop_mount
-from tests.ome_data import CASES, OmeData, image_czyx, image_zyx, validate, validate_models
-from tests.ome_read import assert_images_read, assert_plate_read, read_ome_04
-from tests.zarr2 import Zarr2
+from tests.support.ome_data import CASES, OmeData, image_czyx, image_zyx, validate, validate_models
+from tests.support.ome_read import assert_images_read, assert_plate_read, read_ome_04
+from tests.support.zarr2 import Zarr2
 
 pytestmark = pytest.mark.fuse
 by_case = pytest.mark.parametrize("name", CASES)

@@ -35,8 +35,8 @@ from shardfs.storage import LocalStorage
 from shardfs.view import Role
 from shardfs.view import precomputed as precomputed_view
 from shardfs.view.precomputed import PrecomputedNamespace
-from tests.backends import Source
 from tests.conftest import Mounted
+from tests.support.backends import Source
 
 pytestmark = pytest.mark.fuse
 

@@ -26,8 +26,8 @@ import tensorstore as ts
 import zarr
 from zarr.storage import LocalStore
 
-from tests.backends import BACKENDS, bucket
 from tests.conftest import Mounted, start_mount, stop_mount
+from tests.support.backends import BACKENDS, bucket
 
 pytestmark = pytest.mark.fuse
 

@@ -1,7 +1,7 @@
 """The zarr v2 view (`-o view=v2`), read by zarr-python 2.18 and tensorstore's zarr2 driver.
 
 The source is the read-path test set written by zarr-python 3 (every case of
-tests/test_mount_zarr_python.py, with its groups and unsharded arrays), plus
+tests/mounts/test_mount_zarr_python.py, with its groups and unsharded arrays), plus
 inner chains that only the v2 view has to handle: blosc, a crc32c at the end,
 and a checksum in the middle of the chain. It is mounted once with
 `view=v2`; zarr-python 2 runs in its own virtual environment and hands the
@@ -27,7 +27,7 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec
 
 from tests.conftest import Mounted, start_mount, stop_mount
-from tests.test_mount_zarr_python import (
+from tests.mounts.test_mount_zarr_python import (
     CASES,
     NAN,
     PLAIN,
@@ -40,7 +40,7 @@ from tests.test_mount_zarr_python import (
     random_data,
     region,
 )
-from tests.zarr2 import Zarr2
+from tests.support.zarr2 import Zarr2
 
 pytestmark = [
     pytest.mark.fuse,

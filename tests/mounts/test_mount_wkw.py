@@ -1,7 +1,7 @@
 """WKW datasets written by the `wkw` package, read through a real mount as Zarr v3 and as zarr v2
 by zarr-python 3, zarr-python 2.18 and tensorstore: every chunk equals what `wkw` reads.
 
-The datasets (tests/wkw_data.py) have layers of uint8, uint16 with two channels, uint32
+The datasets (tests/support/wkw_data.py) have layers of uint8, uint16 with two channels, uint32
 and uint64, several magnifications, a bounding box that ends inside its last files, and
 raw or LZ4HC blocks.
 """
@@ -29,10 +29,10 @@ from shardfs.storage import LocalStorage
 from shardfs.view import Role
 from shardfs.view.wkw import HELD_BLOCKS, HOLD_IDLE, WkwNamespace
 from tests.conftest import Mounted
-from tests.s3 import S3Env
-from tests.test_checksum import reference
-from tests.test_kernel_served import wait_for
-from tests.wkw_data import (
+from tests.library.test_checksum import reference
+from tests.mounts.test_kernel_served import wait_for
+from tests.support.s3 import S3Env
+from tests.support.wkw_data import (
     BLOCK_LEN,
     FILE_LEN,
     HUGE_FILE,
@@ -43,7 +43,7 @@ from tests.wkw_data import (
     sparse_huge_file,
     write_mag,
 )
-from tests.zarr2 import Zarr2
+from tests.support.zarr2 import Zarr2
 
 pytestmark = pytest.mark.fuse
 
@@ -489,7 +489,7 @@ def test_a_dataset_webknossos_wrote(tmp_path: Path, mount) -> None:
     and downsampling); what it reads of each magnification is what the mount shows at its
     bounding box, whose far corner is the array's shape, and every chunk is what `wkw`
     reads."""
-    from tests.webknossos_env import ensure_webknossos
+    from tests.support.webknossos_env import ensure_webknossos
 
     source = tmp_path / "ds"
     ensure_webknossos().run(WEBKNOSSOS_WRITE, path=str(source), out=str(tmp_path))

@@ -23,9 +23,9 @@ import tensorstore as ts
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec
 
-from tests.backends import Source
 from tests.conftest import Mounted
-from tests.zarr2 import Zarr2
+from tests.support.backends import Source
+from tests.support.zarr2 import Zarr2
 
 pytestmark = [
     pytest.mark.fuse,

@@ -40,8 +40,8 @@ from zarr.codecs import (
     ZstdCodec,
 )
 
-from tests.backends import BACKENDS, bucket
 from tests.conftest import Mounted, start_mount, stop_mount
+from tests.support.backends import BACKENDS, bucket
 
 pytestmark = [
     pytest.mark.fuse,

@@ -42,11 +42,24 @@ from shardfs.storage import LocalStorage, journal
 from shardfs.storage.base import ABSENT
 from shardfs.storage.beneath import Tree
 from tests.conftest import Mounted, stop_mount, wait_mounted
-from tests.test_mount_crash import ARRAY, GRID, INNER, SHAPE, SHARD, make_source, read_chunk_values
-from tests.test_read_integrity import CRASHING_APPENDER
-from tests.test_storage_writes import CONCURRENT_APPENDERS, append_records, start_child, version
+from tests.library.test_storage_writes import (
+    CONCURRENT_APPENDERS,
+    append_records,
+    start_child,
+    version,
+)
+from tests.mounts.test_mount_crash import (
+    ARRAY,
+    GRID,
+    INNER,
+    SHAPE,
+    SHARD,
+    make_source,
+    read_chunk_values,
+)
+from tests.mounts.test_read_integrity import CRASHING_APPENDER
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: An array of the source with no shard stored yet: a commit to it is a whole write.
 EMPTY_ARRAY = "b"
 
@@ -94,7 +107,7 @@ def assert_no_trace(source: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def make_sources(root: Path) -> np.ndarray:
-    """`tests.test_mount_crash`'s source (array `a`, every chunk stored with its own value)
+    """`tests.mounts.test_mount_crash`'s source (array `a`, every chunk stored with its own value)
     plus array `b` of the same layout with nothing stored; returns the values of `a`."""
     values = make_source(root)
     zarr.open_group(root, mode="a").create_array(

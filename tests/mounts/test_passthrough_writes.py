@@ -23,8 +23,8 @@ import pytest
 import zarr
 from zarr.codecs import ShardingCodec, ZstdCodec
 
-from tests.backends import Source
 from tests.conftest import Mounted
+from tests.support.backends import Source
 
 pytestmark = [
     pytest.mark.fuse,

@@ -22,8 +22,8 @@ import zarr
 from zarr.codecs import BytesCodec, ShardingCodec
 
 from shardfs.storage import LocalStorage
-from tests.backends import Source
 from tests.conftest import Mounted, one_shard_array
+from tests.support.backends import Source
 
 MIB = 1 << 20
 #: 6 MiB inner chunks of uint32: over the 4 MiB a reader takes whole, so they are read in pieces
@@ -215,7 +215,7 @@ def test_a_torn_append_is_served_as_the_shard_before_it(
             key,
             "zeros" if tail == "zeros" else "half",
         ],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
     )
     assert crashed.returncode == 9
     assert (source / key).stat().st_size > size  # torn

@@ -31,7 +31,7 @@ import zarr
 from zarr.codecs import BytesCodec, ShardingCodec
 
 from tests.conftest import Mounted
-from tests.test_mount_writes import assert_clean, assert_source
+from tests.mounts.test_mount_writes import assert_clean, assert_source
 
 pytestmark = [
     pytest.mark.fuse,

@@ -22,8 +22,8 @@ import zarr
 
 from shardfs.fuse.control import socket_path
 from tests.conftest import Mounted, one_shard_array
-from tests.s3 import S3Env
-from tests.test_disk_cache import chunk_by_chunk, write_array
+from tests.s3.test_disk_cache import chunk_by_chunk, write_array
+from tests.support.s3 import S3Env
 
 
 def shardfs(*args: str) -> subprocess.CompletedProcess[str]:

@@ -56,7 +56,7 @@ from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, View
 from shardfs.writeback import Handle, Workspace, WriteBuffer
 from tests.conftest import Mounted, start_mount, stop_mount
-from tests.test_workspace import write_file as ws_write
+from tests.library.test_workspace import write_file as ws_write
 
 pytestmark = [
     pytest.mark.fuse,

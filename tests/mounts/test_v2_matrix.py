@@ -45,7 +45,7 @@ from shardfs.formats.codecs import (
 from shardfs.formats.zarr_v2 import Transform, Untranslatable, v2_array
 from shardfs.primitives.errors import InvalidMetadata, InvalidWrite
 from tests.conftest import Mounted, start_mount, stop_mount
-from tests.zarr2 import Zarr2
+from tests.support.zarr2 import Zarr2
 
 #: zarr-python 3 warns about numcodecs codecs and unstable data types at every use.
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -39,8 +39,8 @@ from shardfs.storage import disk_cache
 from shardfs.storage.disk_cache import DiskCache
 from shardfs.storage.s3 import S3Config, S3Storage
 from tests.conftest import Mounted
-from tests.s3 import S3Env
-from tests.test_cli import daemons_for, run, wait_gone
+from tests.mounts.test_cli import daemons_for, run, wait_gone
+from tests.support.s3 import S3Env
 
 BLOCK = 64 << 10  # small blocks: the tests read several of each object
 

@@ -23,7 +23,7 @@ import tensorstore as ts
 import zarr
 
 from tests.conftest import Mounted
-from tests.s3 import RequestInfo, S3Env
+from tests.support.s3 import RequestInfo, S3Env
 
 pytestmark = [pytest.mark.fuse]
 
@@ -268,7 +268,7 @@ def test_kernel_served_reads_never_mix_or_cut_a_replaced_object(s3: S3Env, mount
     fails; a chunk stat'ed and then replaced by a longer one fails once (its old version
     is gone), and the next read gives the new version whole."""
     from shardfs.fuse.adapter import INODE_AS_FH, INODE_READERS
-    from tests.test_kernel_served import one_pass
+    from tests.mounts.test_kernel_served import one_pass
 
     if not INODE_AS_FH:
         pytest.skip("this pyfuse3 lacks the patch in patches/ (bash scripts/setup builds it)")

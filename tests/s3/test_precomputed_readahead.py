@@ -19,8 +19,7 @@ import tensorstore as ts
 from shardfs.formats.precomputed import Sharding, morton_positions
 from shardfs.view.precomputed import PrecomputedNamespace
 from tests.conftest import Mounted
-from tests.s3 import S3Env
-from tests.test_mount_precomputed import (
+from tests.mounts.test_mount_precomputed import (
     RecordingStorage,
     ScaleCase,
     VolumeCase,
@@ -30,6 +29,7 @@ from tests.test_mount_precomputed import (
     read_scale,
     sharding,
 )
+from tests.support.s3 import S3Env
 
 #: Identity hash with a preshift, as igneous shards images: each minishard holds blocks of
 #: 8 consecutive chunk ids (Morton order), 4 minishards a shard, 4 shards; 256 chunks of 2 KiB.

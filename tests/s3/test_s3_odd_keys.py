@@ -28,10 +28,10 @@ from shardfs.primitives.errors import NotFound, UsageError
 from shardfs.storage.base import ABSENT
 from shardfs.storage.s3 import S3Config, S3Storage
 from tests.conftest import Mounted, stop_mount
-from tests.s3 import S3Env
-from tests.test_cli import daemons_for, run, wait_gone
-from tests.test_mount_s3 import CHUNKS, SHAPE, read_view, values, write
-from tests.test_storage_s3 import storage
+from tests.mounts.test_cli import daemons_for, run, wait_gone
+from tests.s3.test_mount_s3 import CHUNKS, SHAPE, read_view, values, write
+from tests.s3.test_storage_s3 import storage
+from tests.support.s3 import S3Env
 
 #: Healthy arrays that zarr-python 3 writes below the prefix, with the seeds of their values.
 ARRAYS = {"a": 1, "b": 2}

@@ -18,7 +18,7 @@ import tensorstore as ts
 import zarr
 from botocore.exceptions import ClientError, ReadTimeoutError, ResponseStreamingError
 
-from tests.s3 import RequestInfo, S3Env
+from tests.support.s3 import RequestInfo, S3Env
 
 NO_RETRIES = {"retries": {"total_max_attempts": 1}}
 

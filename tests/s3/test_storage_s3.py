@@ -29,7 +29,7 @@ from shardfs.primitives.errors import (
 )
 from shardfs.storage.base import ABSENT
 from shardfs.storage.s3 import MIN_PART, PROBE_DIR, S3Config, S3Storage, parse_url
-from tests.s3 import S3Env
+from tests.support.s3 import S3Env
 
 
 def storage(s3: S3Env, prefix: str = "root", **config: object) -> S3Storage:

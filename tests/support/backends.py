@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.s3 import MotoServer, S3Env, S3Proxy
+from tests.support.s3 import MotoServer, S3Env, S3Proxy
 
 BACKENDS = ["local", "s3"]
 

@@ -1,10 +1,10 @@
 """OME-Zarr 0.4 as legacy tools see it: ome-zarr-py 0.10 (on zarr-python 2, in the
-`.venv-zarr2` environment of tests/zarr2.py) reads it, and writes it.
+`.venv-zarr2` environment of tests/support/zarr2.py) reads it, and writes it.
 
 `read_ome_04` reports what ome-zarr-py's reader (`ome_zarr.reader.Reader`, the one napari's
 plugin uses) finds: every node with its axes, per-level transforms and shapes, channels,
 labels, plate and well metadata, and each level's pixels saved as .npy. `write_ome_04`
-has ome-zarr-py write the 0.4 twin of an `OmeData` (tests/ome_data.py) with its own
+has ome-zarr-py write the 0.4 twin of an `OmeData` (tests/support/ome_data.py) with its own
 writer functions, the same levels and transforms, so that a 0.4 view of the 0.5 data can
 be compared with what the legacy writer itself stores.
 """
@@ -16,8 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from tests.ome_data import LEVELS, PLATE_COLUMNS, PLATE_FIELDS, PLATE_ROWS, PLATE_WELLS, OmeData
-from tests.zarr2 import Zarr2
+from tests.support.ome_data import (
+    LEVELS,
+    PLATE_COLUMNS,
+    PLATE_FIELDS,
+    PLATE_ROWS,
+    PLATE_WELLS,
+    OmeData,
+)
+from tests.support.zarr2 import Zarr2
 
 #: params: items, a list of {path, out}; prints a report per item. ome-zarr-py 0.10 has
 #: no reader for the bioformats2raw layout, so the script follows the spec's rule (the

@@ -1,4 +1,4 @@
-"""The reference model behind tests/test_model_kernel.py: a source of 1-D sharded Zarr v3
+"""The reference model behind tests/mounts/test_model_kernel.py: a source of 1-D sharded Zarr v3
 arrays that an independent writer changes between the steps of a test, and every version
 each chunk file of the mount's default v3 view had at the boundaries between steps.
 

@@ -38,7 +38,7 @@ PYTHON = "/usr/bin/python3"
 RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 #: The cached environment in which other users run shardfs (see `user_shardfs`).
 USER_VENV = Path("/var/tmp/shardfs-test-user-venv")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

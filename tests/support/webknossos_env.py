@@ -5,7 +5,7 @@ with `path`), its magnification directories, its downsampling.
 It cannot live in the project's environment: it pins versions of packages the tests use
 (httpx, rich, typing_extensions, fsspec, networkx, psutil, ...), so pip would change
 them under the other tests. Made on first use as `.venv-webknossos` (git-ignored), like
-the zarr-python 2 environment (tests/zarr2.py), and reused while its requirements are
+the zarr-python 2 environment (tests/support/zarr2.py), and reused while its requirements are
 unchanged. Tests hand it small scripts.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.zarr2 import Zarr2, _ensure
+from tests.support.zarr2 import Zarr2, _ensure
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-webknossos"
 #: The newest release when this was written; it writes WKW through `wkw` 1.1.24.
 REQUIREMENTS = ("webknossos>=4.3,<4.4",)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-zarr2"
 #: pytest too: zarr 2.18's draft v3 metadata decoder imports one of its test modules.
 #: xarray for the tests of xarray on zarr 2: a 2024 release (2024.11 installs beside
