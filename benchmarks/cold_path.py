@@ -720,7 +720,7 @@ class Writes:
         self.data_file = work / "data.npy"
         if not self.data_file.exists():
             np.save(self.data_file, wt.generate_small(wt.SMALL_SHAPE))
-        from tests.zarr2 import ensure_zarr2
+        from tests.support.zarr2 import ensure_zarr2
 
         self.writers = {"v2": wt.Writer(str(ensure_zarr2().python), creates=True), "v3": wt.ZARR3}
 

@@ -72,9 +72,9 @@ from common import Interrupts, machine
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from shardfs.fuse.control import query  # noqa: E402
-from tests.backends import bucket  # noqa: E402
 from tests.conftest import Mounted, start_mount, stop_mount  # noqa: E402
-from tests.s3 import MotoServer, S3Env, S3Proxy, configure_environment  # noqa: E402
+from tests.support.backends import bucket  # noqa: E402
+from tests.support.s3 import MotoServer, S3Env, S3Proxy, configure_environment  # noqa: E402
 
 CHUNKS = (32, 64, 64)  # 128 KiB of uint8
 CHUNK_BYTES = 32 * 64 * 64

@@ -90,7 +90,7 @@ sys.path.insert(0, str(ROOT))
 from shardfs.fuse.mounts import lock_path, mount_type, open_lock, unmount, wait_for_daemon  # noqa: E402
 from shardfs.storage import LocalStorage  # noqa: E402
 from shardfs.view import Namespace  # noqa: E402
-from tests.s3 import stop_process  # noqa: E402
+from tests.support.s3 import stop_process  # noqa: E402
 
 #: The 2d layout: inner chunk edge (uint16), inner chunks per shard along each axis, and
 #: chunk columns: each chunk directory c/<row> of the view holds COLUMNS files.

@@ -33,7 +33,7 @@ through the v2 view. The array is 512 x 512 x 256 uint16 (128 MiB; a ramp along 
 axis plus small skewed noise, the same in every run) in 2048 chunks of 32^3, written
 four ways, each in a writer process as above:
 
-  (1) zarr-python 2.18 (tests/zarr2.py's .venv-zarr2; its default compressor, Blosc
+  (1) zarr-python 2.18 (tests/support/zarr2.py's .venv-zarr2; its default compressor, Blosc
       lz4) through a read-write mount `-o rw,view=v2,shard_new=8` of a source that
       holds only a root group: the array is made through the view and stored sharded
       (256^3 shards of 8^3 chunks); timed up to the end of the unmount, as (a),
@@ -97,7 +97,7 @@ from shardfs.formats.shard_index import EMPTY, IndexCodec, check_entries  # noqa
 from shardfs.fuse.mounts import mount_type, unmount  # noqa: E402
 from shardfs.primitives.errors import CorruptData  # noqa: E402
 from tests.conftest import Mounted, start_mount  # noqa: E402
-from tests.zarr2 import ensure_zarr2  # noqa: E402
+from tests.support.zarr2 import ensure_zarr2  # noqa: E402
 
 CHUNK = 64
 SHARD = 256

@@ -20,11 +20,11 @@ import pytest
 import zarr
 
 from shardfs.fuse.mounts import mount_type, runtime_dir, unmount
-from tests.zarr2 import Zarr2, ensure_newest_zarr, ensure_zarr2
+from tests.support.zarr2 import Zarr2, ensure_newest_zarr, ensure_zarr2
 
 #: The S3 fixtures (`moto_server`, `s3`) live with the server and proxy they manage; `src`
 #: (an empty source on each backend) with the backends.
-pytest_plugins = ["tests.s3", "tests.backends", "tests.users"]
+pytest_plugins = ["tests.support.s3", "tests.support.backends", "tests.support.users"]
 
 
 @dataclass
@@ -164,13 +164,13 @@ def mount(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
 
 @pytest.fixture(scope="session")
 def zarr2() -> Zarr2:
-    """zarr-python 2.18 in its own virtual environment (see tests/zarr2.py)."""
+    """zarr-python 2.18 in its own virtual environment (see tests/support/zarr2.py)."""
     return ensure_zarr2()
 
 
 @pytest.fixture(scope="session")
 def newest_zarr() -> Zarr2:
-    """The newest zarr-python release, on Python 3.12+ from pyenv (see tests/zarr2.py)."""
+    """The newest zarr-python release, on Python 3.12+ from pyenv (see tests/support/zarr2.py)."""
     return ensure_newest_zarr()
 
 
