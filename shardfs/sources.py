@@ -169,7 +169,7 @@ def open_view(
     for line in storage.recover():
         log.warning("recovery: %s", line)
     buffer = WriteBuffer(options.write_buffer, options.spool)
-    return Workspace(namespace, buffer, shard_new=options.shard_new)
+    return Workspace(namespace, buffer, shard_new=options.shard_new)  # type: ignore[return-value]
 
 
 def open_leftovers(view: ViewInterface, options: MountOptions, source: str) -> Leftovers | None:

@@ -21,7 +21,7 @@ import binascii
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import crc32c
 import numcodecs
@@ -147,10 +147,10 @@ def v2_dtype(data_type: Any, endian: str | None) -> np.dtype:
         order = _order(endian, name) if kind == "U" else "|"
         return np.dtype(f"{order}{kind}{length // unit}")
     if name in _TIME:
-        unit, scale = config.get("unit"), config.get("scale_factor", 1)
-        if unit not in _TIME_UNITS | {"generic"} or not _positive_int(scale) or scale >= 2**31:
-            raise InvalidMetadata(f"data type {name!r}: unit {unit!r}, scale {scale!r}")
-        suffix = "" if unit == "generic" else f"[{'' if scale == 1 else scale}{unit}]"
+        time_unit, scale = config.get("unit"), config.get("scale_factor", 1)
+        if time_unit not in _TIME_UNITS | {"generic"} or not _positive_int(scale) or scale >= 2**31:
+            raise InvalidMetadata(f"data type {name!r}: unit {time_unit!r}, scale {scale!r}")
+        suffix = "" if time_unit == "generic" else f"[{'' if scale == 1 else scale}{time_unit}]"
         return np.dtype(f"{_order(endian, name)}{_TIME[name]}{suffix}")
     raise InvalidMetadata(f"data type {name!r} has no numpy equivalent")
 
@@ -188,7 +188,7 @@ def has_byte_order(dtype: np.dtype) -> bool:
     return dtype.byteorder != "|" and dtype.kind != "O"
 
 
-def _positive_int(value: Any) -> bool:
+def _positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 

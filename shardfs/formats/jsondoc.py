@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import re
-from json.decoder import scanstring
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+#: The string scanner `json` decodes with (typeshed declares it only in the private `_json`).
+scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
 #: The deepest nesting of arrays and objects a document may have (Zarr metadata,
 #: OME-Zarr's included, nests less than 10 levels).

@@ -60,7 +60,7 @@ def parse_written(raw: bytes, what: str) -> dict[str, Any]:
     return doc
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     """Equal as metadata: numbers by value, NaN equal to NaN, codec configurations
     equal on the keys both give (writers differ in which defaults they spell out)."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -433,14 +433,19 @@ def _output_itemsize(codec: dict[str, Any], itemsize: int) -> int:
     for key in ("astype", "encode_dtype"):
         if codec.get(key) is not None:
             try:
-                return np.dtype(codec[key]).itemsize
+                dtype: np.dtype = np.dtype(codec[key])
             except (TypeError, ValueError):
                 raise InvalidMetadata(f"codec {codec['id']!r}: {key} {codec[key]!r}") from None
+            return dtype.itemsize
     return itemsize
 
 
 def stored_v3(
-    raw: bytes, source: dict | None, view: dict | None, shard_new: int | None, what: str
+    raw: bytes,
+    source: dict[str, Any] | None,
+    view: dict[str, Any] | None,
+    shard_new: int | None,
+    what: str,
 ) -> bytes:
     """What the source stores for a `zarr.json` written in the v3 view over `source` (the
     stored document, None if none), `view` being the unsharded document the view shows
@@ -462,8 +467,8 @@ def stored_v2(
     directory: str,
     name: str,
     raw: bytes,
-    source: dict | None,
-    zarray: dict | None,
+    source: dict[str, Any] | None,
+    zarray: dict[str, Any] | None,
     axes: list[str] | None,
     shard_new: int | None,
 ) -> bytes | None:
@@ -493,7 +498,7 @@ def stored_v2(
     return render(updated_from_zarray(source, zarray, written))
 
 
-def shown_unchanged(raw: bytes) -> dict | None:
+def shown_unchanged(raw: bytes) -> dict[str, Any] | None:
     """The metadata of a new `zarr.json` if it makes an array that the v3 view shows
     unchanged (see `Presentation._array_view`), else None."""
     try:

@@ -148,7 +148,7 @@ def _v05_form(written: dict[str, Any]) -> dict[str, Any]:
             "where OME-Zarr 0.5 keeps its metadata"
         )
     ome: dict[str, Any] = {"version": V05}
-    attributes = {}
+    attributes: dict[str, Any] = {}
     for key, value in written.items():
         (ome if key in OME_KEYS else attributes)[key] = copy.deepcopy(value)
     for where, obj in _versioned(ome):
@@ -216,8 +216,9 @@ def dimension_names(attributes: dict[str, Any]) -> dict[str, list[str]]:
     (the axes names), by dataset path; a 0.4 writer's arrays have none."""
     names: dict[str, list[str]] = {}
     for multiscale in _items(_ome(attributes), "multiscales"):
-        axes = [axis.get("name") for axis in _items(multiscale, "axes")]
-        if not all(isinstance(name, str) for name in axes):
+        given = [axis.get("name") for axis in _items(multiscale, "axes")]
+        axes = [name for name in given if isinstance(name, str)]
+        if len(axes) != len(given):
             continue
         for dataset in _items(multiscale, "datasets"):
             if isinstance(dataset.get("path"), str):
@@ -270,7 +271,8 @@ def _composed(transforms: list[dict[str, Any]], ndim: int) -> str:
         return "no coordinateTransformations"
     scale, translation = [1.0] * ndim, [0.0] * ndim
     for t in transforms:
-        value = t.get(t.get("type")) if t.get("type") in ("scale", "translation") else None
+        kind = t.get("type")
+        value = t.get(kind) if kind in ("scale", "translation") else None
         if not (
             isinstance(value, list)
             and len(value) == ndim
@@ -406,7 +408,7 @@ def _bioformats2raw(
     elif "plate" in ome:
         images = "the plate's images"
     else:
-        numbered = []
+        numbered: list[str] = []
         while _join(path, str(len(numbered))) in nodes:
             numbered.append(str(len(numbered)))
         images = f"images {', '.join(numbered) or 'none'}"
@@ -441,6 +443,7 @@ def describe(nodes: Mapping[str, dict[str, Any]]) -> list[str]:
         if isinstance(ome.get("series"), list) and path not in seen:
             lines.append(f"series {_display(path)}: {', '.join(map(str, ome['series']))}")
         left_out += [
-            f"the v2 view of {_display(path)} leaves out {d}" for d in v04_attributes(attributes)[1]
+            f"the v2 view of {_display(path)} leaves out {d}"
+            for d in v04_attributes(nodes[path]["attributes"])[1]
         ]
     return lines + left_out

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from shardfs.formats import jsondoc
 from shardfs.primitives.errors import CorruptData, InvalidMetadata
@@ -83,11 +84,11 @@ def morton_positions(codes: np.ndarray, bits: Position) -> np.ndarray:
     return positions.astype(np.int64)
 
 
-def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+def _rotl(x: npt.NDArray[np.uint32], r: int) -> npt.NDArray[np.uint32]:
     return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
 
 
-def _fmix32(h: np.ndarray) -> np.ndarray:
+def _fmix32(h: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
     h = h ^ (h >> np.uint32(16))
     h = h * np.uint32(0x85EBCA6B)
     h = h ^ (h >> np.uint32(13))
@@ -95,7 +96,7 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint32(16))
 
 
-def murmurhash3_x86_128(keys: np.ndarray) -> np.ndarray:
+def murmurhash3_x86_128(keys: np.ndarray) -> npt.NDArray[np.uint64]:
     """The low 64 bits of MurmurHash3_x86_128, seed 0, of each uint64 as 8 bytes little endian.
 
     Vectorised with numpy's wrapping uint32 arithmetic, so that listing a scale can
@@ -193,7 +194,7 @@ class Sharding:
             return value
 
         def encoding(name: str) -> bool:
-            value = doc.get(name, "raw")
+            value: object = doc.get(name, "raw")
             if value not in ENCODINGS:
                 raise InvalidMetadata(f"unknown sharding {name} {value!r}")
             return value == "gzip"
@@ -509,7 +510,7 @@ def _vector(scale: dict[str, Any], name: str, minimum: int | None, default: Any 
     ):
         bound = f" >= {minimum}" if minimum is not None else ""
         raise InvalidMetadata(f"{name} must be 3 integers{bound}")
-    return tuple(value)  # type: ignore[return-value]
+    return tuple(value)
 
 
 def normalize_key(key: Any) -> str:

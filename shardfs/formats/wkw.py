@@ -480,7 +480,7 @@ def _vector(value: Any, what: str, minimum: int) -> Vector:
         or any(type(v) is not int or v < minimum for v in value)
     ):
         raise InvalidMetadata(f"{what} must be 3 integers >= {minimum}")
-    return tuple(value)  # type: ignore[return-value]
+    return tuple(value)
 
 
 def _directory(path: str) -> str:

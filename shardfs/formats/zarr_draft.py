@@ -340,7 +340,8 @@ def _filter_codec(config: Any, dtype: np.dtype) -> tuple[dict[str, Any], np.dtyp
 
 def _numpy_dtype(value: Any, what: str) -> np.dtype:
     try:
-        return np.dtype(value)
+        dtype: np.dtype = np.dtype(value)
+        return dtype
     except (TypeError, ValueError):
         raise InvalidMetadata(f"{what} {value!r} is not a data type") from None
 

@@ -117,7 +117,7 @@ def _float(value: Any, dtype: np.dtype) -> float | str:
         bits = int(value, 16)
         fmt = {2: "<e", 4: "<f", 8: "<d"}[dtype.itemsize]
         value = struct.unpack(fmt, bits.to_bytes(dtype.itemsize, "little"))[0]
-    if value in ("NaN", "Infinity", "-Infinity"):
+    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
         return value
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise Untranslatable(f"float fill value {value!r} is not understood")

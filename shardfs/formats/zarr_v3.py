@@ -326,9 +326,10 @@ def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
         )
         total_perm = tuple(total_perm[i] for i in perm)
         block = inner
-        chain = config.get("codecs")
-        if not isinstance(chain, list) or not chain:
+        inner_codecs = config.get("codecs")
+        if not isinstance(inner_codecs, list) or not inner_codecs:
             raise InvalidMetadata("sharding_indexed has no inner codecs")
+        chain = inner_codecs
 
     chunk_shape = [0] * len(shape)
     for axis, extent in zip(total_perm, block, strict=True):

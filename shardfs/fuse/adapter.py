@@ -19,7 +19,7 @@ import stat
 import sys
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -197,7 +197,7 @@ def errno_for(error: ShardfsError) -> int:
     return errno.EIO
 
 
-def _errors(handler: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+def _errors(handler: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Coroutine[Any, Any, T]]:
     """Count a request and map its exceptions to FUSEError at the boundary (`_fuse_error`).
     The two handlers every chunk file costs, `lookup` and `read`, do the same inline: a
     coroutine less per request (see docs/design.md)."""
@@ -495,7 +495,7 @@ class Operations(pyfuse3.Operations):
         """Ask the kernel to forget the oldest inodes beyond the table's budget (its
         forgets shrink the table). Asynchronous: never wait on the kernel in a handler."""
         if self.inodes.full():
-            held = set()
+            held: set[int] = set()
             for window in self._windows.values():
                 held.update(window.slots)
             self.inodes.sweep(held)
@@ -623,7 +623,7 @@ class Operations(pyfuse3.Operations):
             raise NotFound(f"inode {inode}: removed, and not open")
         return next((f for f in files if f.buffered), files[0])
 
-    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, count in inode_list:
             self.inodes.forget(ino, count)
             self._extents.pop(ino, None)
@@ -653,14 +653,15 @@ class Operations(pyfuse3.Operations):
             self._dir_listings.move_to_end(inode)
         if listing is None:
             node = self._node(inode)
-            listing, seen = await self._recorded(self.view.listing, node)
+            fresh, seen = await self._recorded(self.view.listing, node)
             if self.versions is not None and seen is not None:
                 shown = self.versions.show(seen, directory=node.path)
-                self._listed.put(node.path, (shown, listing))
+                self._listed.put(node.path, (shown, fresh))
             self._drop_listing(inode)
-            self._dir_listings.put(inode, listing)
+            self._dir_listings.put(inode, fresh)
             if seen is not None:
                 self._listing_seen[inode] = seen
+            return fresh
         return listing
 
     def _listing_gone(self, inode: int, _: Listing) -> None:
@@ -959,7 +960,7 @@ class Operations(pyfuse3.Operations):
         if handle.buffered:
             # Metadata documents and files of arrays shown unchanged are stored on close
             # (I/O, under the workspace lock).
-            if handle.stores_on_close:
+            if handle.stores_on_close:  # type: ignore[attr-defined]  # buffered: a WriteHandle
                 await self._thread(self._writable().flush, handle)
             else:
                 await self._run(self._writable().flush, handle)
@@ -972,7 +973,7 @@ class Operations(pyfuse3.Operations):
 
     @_errors
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        if self.writes is not None and await self._thread(self.writes.sync):
+        if self.writes is not None and await self._thread(self.writes.sync) > 0:
             raise StorageError("some buffered chunks could not be committed (see the log)")
 
     async def release(self, fh: int) -> None:
@@ -980,15 +981,16 @@ class Operations(pyfuse3.Operations):
         inode = self._inode_of.pop(fh, None)
         files = self._files_of.get(inode, set()) if inode is not None else set()
         files.discard(fh)
-        if not files:
+        if not files and inode is not None:
             self._files_of.pop(inode, None)
         if handle is None:
             return
         if handle.buffered:
             if self.writes is not None:
-                self.writes.release(handle)
+                self.writes.release(handle)  # type: ignore[arg-type]  # buffered: a WriteHandle
         elif not any(self._handles[f] is handle for f in files):
-            handle.close()  # its last descriptor (one reader may serve several, see `open`)
+            # its last descriptor (one reader may serve several, see `open`)
+            handle.close()  # type: ignore[attr-defined]  # not buffered: an Opened
 
     # -- changes --------------------------------------------------------------------
 

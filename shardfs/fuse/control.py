@@ -98,7 +98,7 @@ def query(mountpoint: str, timeout: float = SEND_TIMEOUT) -> dict[str, Any]:
         parts = []
         while chunk := sock.recv(1 << 16):
             parts.append(chunk)
-    return json.loads(b"".join(parts))  # type: ignore[no-any-return]
+    return json.loads(b"".join(parts))
 
 
 def summary(stats: dict[str, Any]) -> str:

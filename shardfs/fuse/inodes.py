@@ -351,9 +351,10 @@ class InodeTable:
         self._asked.discard(ino)
         self._removed.discard(ino)
         version = self._file_versions.pop(ino, None)
-        by_path = node.path if version is None else version.by_path
-        if node is not None and self._by_path.get(by_path) == ino:
-            del self._by_path[by_path]
+        if node is not None:
+            by_path = node.path if version is None else version.by_path
+            if self._by_path.get(by_path) == ino:
+                del self._by_path[by_path]
 
     def over_budget(self) -> list[tuple[int, str]]:
         """(parent inode, name) of the oldest counted entries beyond the budget, not asked
@@ -362,7 +363,7 @@ class InodeTable:
         excess = len(self._counts) - len(self._asked) - self.budget
         if excess <= 0:
             return []
-        wanted = []
+        wanted: list[tuple[int, str]] = []
         for ino in self._counts:
             if len(wanted) >= excess + self.budget // 10:
                 break

@@ -46,7 +46,7 @@ class Owners:
         self._files: dict[Access | None, tuple[int, int, int]] = {}
         self._dirs: dict[Access | None, tuple[int, int, int]] = {}
         #: the last answer, by identity: the chunks of a shard share one `access` object
-        self._last: tuple[bool, Access | None, tuple[int, int, int]] = (False, (), (0, 0, 0))
+        self._last: tuple[bool, object, tuple[int, int, int]] = (False, (), (0, 0, 0))
 
     def of(self, is_dir: bool, access: Access | None) -> tuple[int, int, int]:
         """(st_mode, st_uid, st_gid) of a directory or regular file shown from `access`."""

@@ -19,6 +19,7 @@ import os
 import pwd
 import stat
 from collections.abc import Iterator
+from typing import TypeGuard
 
 from shardfs.primitives.errors import ShardfsError
 
@@ -138,7 +139,7 @@ def home_dir(uid: int) -> str:
     return home
 
 
-def own_directory(path: str | None) -> bool:
+def own_directory(path: str | None) -> TypeGuard[str]:
     """Whether `path` is an absolute path of a directory the effective user owns (so an
     environment variable naming it, such as $HOME, is that user's, not one inherited)."""
     if not path or not os.path.isabs(path):

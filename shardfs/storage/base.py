@@ -9,6 +9,7 @@ above this layer knows which backend it talks to.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import threading
 from abc import ABC, abstractmethod
@@ -172,9 +173,15 @@ class _Overlay:
     kept: KeptPins
 
 
+class _Unseen(Enum):
+    """The type of _UNSEEN, so that `is _UNSEEN` tells the type checker what is left."""
+
+    UNSEEN = "UNSEEN"
+
+
 #: This thread's overlay (`Storage.as_of`) and recording (`Storage.recording`), if any.
 _thread = threading.local()
-_UNSEEN = object()
+_UNSEEN: Final = _Unseen.UNSEEN
 
 
 class Storage(ABC):
@@ -205,13 +212,13 @@ class Storage(ABC):
 
     def stat(self, key: str) -> Stat | None:
         """The object or directory at `key`, or None if there is none."""
-        overlay = getattr(_thread, "overlay", None)
+        overlay: _Overlay | None = getattr(_thread, "overlay", None)
         if overlay is not None and overlay.storage is self:
             found = overlay.stats.get(key, _UNSEEN)
             if found is not _UNSEEN:
-                return found  # type: ignore[return-value]
+                return found
         stat = self._stat(key)
-        seen = getattr(_thread, "seen", None)
+        seen: dict[str, Stat | None] | None = getattr(_thread, "seen", None)
         if seen is not None:
             seen.setdefault(key, stat)
         return stat
@@ -226,7 +233,7 @@ class Storage(ABC):
     def noted(self, stats: Mapping[str, Stat | None]) -> None:
         """Record `stats` as `stat` records what it answers (see `recording`): for a caller
         that learned them through `version`."""
-        seen = getattr(_thread, "seen", None)
+        seen: dict[str, Stat | None] | None = getattr(_thread, "seen", None)
         if seen is not None:
             for key, stat in stats.items():
                 seen.setdefault(key, stat)
@@ -234,11 +241,14 @@ class Storage(ABC):
     def list(self, key: str) -> list[Entry]:
         """The entries of directory `key`. Raises NotFound or NotADirectory."""
         entries = self._list(key)
-        overlay = getattr(_thread, "overlay", None)
+        overlay: _Overlay | None = getattr(_thread, "overlay", None)
         if overlay is not None and overlay.storage is self:
-            entries = [_as_seen(overlay.stats, key, entry) for entry in entries]
-            entries = [entry for entry in entries if entry is not None]
-        seen = getattr(_thread, "seen", None)
+            entries = [
+                seen_as
+                for entry in entries
+                if (seen_as := _as_seen(overlay.stats, key, entry)) is not None
+            ]
+        seen: dict[str, Stat | None] | None = getattr(_thread, "seen", None)
         if seen is not None:
             for entry in entries:
                 seen.setdefault(f"{key}/{entry.name}" if key else entry.name, entry.stat)
@@ -292,7 +302,7 @@ class Storage(ABC):
 
     def answering_as_of(self) -> bool:
         """Whether this thread is inside an `as_of` block of this store."""
-        overlay = getattr(_thread, "overlay", None)
+        overlay: _Overlay | None = getattr(_thread, "overlay", None)
         return overlay is not None and overlay.storage is self
 
     def recording(self) -> _Recording:
@@ -302,7 +312,7 @@ class Storage(ABC):
         return _Recording()
 
     def _kept(self, key: str, version: Hashable | None) -> Pin | None:
-        overlay = getattr(_thread, "overlay", None)
+        overlay: _Overlay | None = getattr(_thread, "overlay", None)
         if overlay is None or overlay.storage is not self or version is None:
             return None
         return overlay.kept(key, version)
@@ -311,7 +321,7 @@ class Storage(ABC):
     def _stat(self, key: str) -> Stat | None: ...
 
     @abstractmethod
-    def _list(self, key: str) -> list[Entry]: ...
+    def _list(self, key: str) -> builtins.list[Entry]: ...
 
     @abstractmethod
     def _read(
@@ -396,7 +406,7 @@ class Storage(ABC):
         """
 
     @abstractmethod
-    def recover(self) -> list[str]:
+    def recover(self) -> builtins.list[str]:
         """Finish or roll back writes that a crashed writer left behind.
 
         Returns one human-readable line per repair, for the log. Safe to run
@@ -413,7 +423,7 @@ class Storage(ABC):
         return None
 
     @abstractmethod
-    def pending_recovery(self) -> list[str]:
+    def pending_recovery(self) -> builtins.list[str]:
         """Keys with an unfinished-write record, changing nothing.
 
         For fsck and read-only mounts, which must report rather than repair.
@@ -426,7 +436,7 @@ def _as_seen(stats: Mapping[str, Stat | None], directory: str, entry: Entry) -> 
     found = stats.get(f"{directory}/{entry.name}" if directory else entry.name, _UNSEEN)
     if found is _UNSEEN:
         return entry
-    return None if found is None else Entry(entry.name, found)  # type: ignore[arg-type]
+    return None if found is None else Entry(entry.name, found)
 
 
 class _Recording:

@@ -55,7 +55,7 @@ def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0o666) -> int:
             mode if flags & os.O_CREAT or flags & os.O_TMPFILE == os.O_TMPFILE else 0,
             _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS,
         )
-        fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode("/".join(names)), how, len(how))
+        fd: int = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode("/".join(names)), how, len(how))
         if fd >= 0:
             return fd
         code = ctypes.get_errno()

@@ -221,7 +221,7 @@ class DescriptorPool:
         """Under the lock: close the least recently used descriptors no read uses until
         `room` more fit; returns them, to be closed after the lock."""
         limit = self.limit()
-        victims = []
+        victims: list[int] = []
         while len(self._open) + self._opening + room > limit:
             victim = next((d for d in self._open if not d.busy), None)
             if victim is None:

@@ -111,6 +111,7 @@ import time
 import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import crc32c
 
@@ -159,8 +160,8 @@ _OLD_DATABASE = ("cache.db", "cache.db-wal", "cache.db-shm")
 _OLD_VALUE = re.compile(r"[0-9a-f]{28}\.val")
 
 #: `fetch(offset, length)`: the object's bytes from `offset`, `length` of them or up to its
-#: end if that comes first, and the object's size.
-Fetch = Callable[[int, int], tuple[bytes, int]]
+#: end if that comes first, and the object's size (None if the answer did not tell it).
+Fetch = Callable[[int, int], tuple[bytes, int | None]]
 
 
 class CacheUnusable(ShardfsError):
@@ -249,11 +250,12 @@ class DiskCache:
                     kept.append((index, block))
                 low, high = self._within(index, offset, end)
                 pieces[index] = block[low:high]
-            self._put(name, version, kept, size)
+            if size is not None:  # else nothing is kept
+                self._put(name, version, kept, size)
         if size is None or end > size:
             raise CorruptData(f"wanted {length} bytes at {offset}, the object has {size} bytes")
-        if first == last and isinstance(pieces[first], bytes):
-            return pieces[first]  # already a copy of its own
+        if first == last and isinstance(piece := pieces[first], bytes):
+            return piece  # already a copy of its own
         return b"".join(pieces[index] for index in range(first, last + 1))
 
     def _within(self, index: int, offset: int, end: int) -> tuple[int, int]:
@@ -364,7 +366,7 @@ class DiskCache:
         return bytes(buffer[low:high]), size
 
     def _damaged(
-        self, name: str, version: str, index: int, key: bytes, row: tuple
+        self, name: str, version: str, index: int, key: bytes, row: tuple[Any, ...]
     ) -> tuple[bytes, int] | None:
         log.warning(
             "disk cache %s: a damaged block of %s (version %s, bytes %d-) was dropped",
@@ -374,7 +376,7 @@ class DiskCache:
         self._drop(key, row, self._path(key)[1])
         return None
 
-    def _drop(self, key: bytes, row: tuple, path: str | None) -> None:
+    def _drop(self, key: bytes, row: tuple[Any, ...], path: str | None) -> None:
         """Delete the row of `key` if it is still `row`, and then unlink `path`."""
 
         def drop(db: sqlite3.Connection) -> None:
@@ -476,7 +478,9 @@ class DiskCache:
             _unlink(temporary)
             raise
 
-    def _insert(self, db: sqlite3.Connection, placed: list, size: int) -> None:
+    def _insert(
+        self, db: sqlite3.Connection, placed: list[tuple[bytes, int, int, str]], size: int
+    ) -> None:
         """Within a transaction: the rows of blocks just placed, then eviction."""
         now = _now()
         total = _meta(db, "bytes")
@@ -720,7 +724,9 @@ class DiskCache:
             _unlink(path)
         _unlink(os.path.join(self.directory, DAMAGED))
 
-    def _files(self, top: str, subdir: re.Pattern | None, name: re.Pattern) -> Iterator[str]:
+    def _files(
+        self, top: str, subdir: re.Pattern[str] | None, name: re.Pattern[str]
+    ) -> Iterator[str]:
         """The entries named like `name` in `top` (in its subdirectories named like
         `subdir`, if given; those that are ours), never following a symlink."""
         if subdir is None:
@@ -851,7 +857,7 @@ def _create(db: sqlite3.Connection) -> None:
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-def _schema(db: sqlite3.Connection) -> tuple[int, int, set[tuple]]:
+def _schema(db: sqlite3.Connection) -> tuple[int, int, set[tuple[Any, ...]]]:
     """(application id, schema version, what sqlite_master lists) of a database."""
     (application,) = db.execute("PRAGMA application_id").fetchone()
     (version,) = db.execute("PRAGMA user_version").fetchone()
@@ -859,7 +865,7 @@ def _schema(db: sqlite3.Connection) -> tuple[int, int, set[tuple]]:
     return application, version, entries
 
 
-def _ours() -> tuple[int, int, set[tuple]]:
+def _ours() -> tuple[int, int, set[tuple[Any, ...]]]:
     db = sqlite3.connect(":memory:", isolation_level=None)
     db.execute("BEGIN")
     _create(db)

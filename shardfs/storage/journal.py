@@ -229,7 +229,7 @@ class JournalEntry:
         key, old, new, crc = (doc.get(f) for f in ("key", "old_size", "new_size", "crc32c"))
         if not isinstance(key, str):
             raise ValueError("no key")
-        if not all(type(n) is int for n in (old, new, crc)):
+        if type(old) is not int or type(new) is not int or type(crc) is not int:
             raise ValueError("sizes or checksum missing or not integers")
         if not 0 <= old <= new or not 0 <= crc < 2**32:
             raise ValueError(f"impossible sizes or checksum ({old}, {new}, {crc})")

@@ -151,7 +151,7 @@ class _FilePin(Pin):
             data = os.pread(fd, length, offset) if may_block() else _read_cached(fd, offset, length)
             st = os.fstat(fd)
         except OSError as e:
-            code = errno.errorcode.get(e.errno, "?")
+            code = _errno_name(e)
             raise StorageError(f"{self.storage.describe(self.key)}: read failed ({code})") from None
         finally:
             self._pool.release(descriptor)
@@ -378,7 +378,7 @@ class LocalStorage(Storage):
                 raise SourceChanged(f"{self.describe(key)} changed")
             data = os.pread(fd, length, offset) if may_block() else _read_cached(fd, offset, length)
         except OSError as e:
-            code = errno.errorcode.get(e.errno, "?")
+            code = _errno_name(e)
             raise StorageError(f"{self.describe(key)}: read failed ({code})") from None
         finally:
             os.close(fd)
@@ -696,6 +696,11 @@ def _keep_access(fd: int, tree: Tree, rel: str) -> None:
         with contextlib.suppress(PermissionError):  # not a member of its group
             os.fchown(fd, uid, old.st_gid)
     os.fchmod(fd, stat_mod.S_IMODE(old.st_mode))  # after fchown, which clears set-id bits
+
+
+def _errno_name(e: OSError) -> str:
+    """The name of `e`'s errno, for a message ("?" if it has none)."""
+    return "?" if e.errno is None else errno.errorcode.get(e.errno, "?")
 
 
 def _read_cached(fd: int, offset: int, length: int) -> bytes:

@@ -333,10 +333,10 @@ class S3Storage(Storage):
         if self._unfit_path(key) is not None:
             return None  # not in the view (`/x` would otherwise be answered as `x`)
         parent, name = _parent(key)
-        listing = self._cache.get("list", parent)
+        listing: _Listing | None = self._cache.get("list", parent)
         if listing is not None and (name in listing.entries or listing.complete):
             return listing.entries.get(name)
-        known = self._cache.get("stat", key)
+        known: tuple[Stat | None] | None = self._cache.get("stat", key)
         if known is not None:
             return known[0]
         check_may_block()
@@ -384,7 +384,7 @@ class S3Storage(Storage):
             }
             if token:
                 request["ContinuationToken"] = token
-            page = self._call("list", key, lambda r=request: self._s3.list_objects_v2(**r))
+            page = self._call("list", key, functools.partial(self._s3.list_objects_v2, **request))
             for common in page.get("CommonPrefixes", ()):
                 name = common["Prefix"][len(prefix) : -1]
                 why = _unfit(name, depth)
@@ -497,7 +497,7 @@ class S3Storage(Storage):
                 return
         request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": below}
         while True:
-            page = self._call("list", key, lambda r=dict(request): self._s3.list_objects_v2(**r))
+            page = self._call("list", key, functools.partial(self._s3.list_objects_v2, **request))
             for item in page.get("Contents", ()):
                 self._leave_out(item["Key"], why)
             request["ContinuationToken"] = page.get("NextContinuationToken")
@@ -578,7 +578,7 @@ class S3Storage(Storage):
         assert self.disk_cache is not None
         check_may_block()
 
-        def fetch(start: int, size: int) -> tuple[bytes, int]:
+        def fetch(start: int, size: int) -> tuple[bytes, int | None]:
             return self._get(key, start, size, f"bytes={start}-{start + size - 1}", version, True)
 
         try:
@@ -688,13 +688,14 @@ class S3Storage(Storage):
                 copied = self._call(
                     "write",
                     key,
-                    lambda n=number, s=start, e=end: self._s3.upload_part_copy(
+                    functools.partial(
+                        self._s3.upload_part_copy,
                         **target,
                         UploadId=upload_id,
-                        PartNumber=n,
+                        PartNumber=number,
                         CopySource={"Bucket": self.bucket, "Key": target["Key"]},
                         CopySourceIfMatch=current.version,
-                        CopySourceRange=f"bytes={s}-{e - 1}",
+                        CopySourceRange=f"bytes={start}-{end - 1}",
                     ),
                     current.version,
                 )
@@ -919,7 +920,7 @@ class S3Storage(Storage):
         request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
         while True:
             page = self._call(
-                "list", "", lambda r=dict(request): self._s3.list_multipart_uploads(**r)
+                "list", "", functools.partial(self._s3.list_multipart_uploads, **request)
             )
             uploads += page.get("Uploads", ())
             if not page.get("IsTruncated"):

@@ -167,8 +167,9 @@ _depth = threading.local()
 def acting_as(identity: Identity | None) -> Iterator[None]:
     """Run the block's file-system calls, in this thread, as `identity` (None: as is).
     Nested blocks keep the outermost identity."""
-    if identity is None or getattr(_depth, "n", 0):
-        _depth.n = getattr(_depth, "n", 0) + 1
+    depth: int = getattr(_depth, "n", 0)
+    if identity is None or depth:
+        _depth.n = depth + 1
         try:
             yield
         finally:

@@ -110,6 +110,7 @@ class ChunkDirectory:
             return None
         shards = self._shards
         limit = self._limit
+        coords: tuple[int, ...] | None
         if (
             limit is not None
             and name.isdigit()

@@ -272,7 +272,7 @@ class Namespace(SourceView):
             chunk = Chunk(
                 self.read_ahead,
                 table,
-                lambda n, a=array, s=shard: self.shards.next_shard(a, s, n),
+                functools.partial(self.shards.next_shard, array, shard),
                 None if self.storage.answering_as_of() else functools.partial(self.open, node),
             )
             v2 = array.v2

@@ -143,8 +143,9 @@ class Presentation:
         doc = self._find(key)
         view = None
         if doc is not None:
-            view = self.nodes.get((key, doc.version), lambda: self._load_meta(key, doc))
-            assert view is None or isinstance(view, ArrayView | GroupView)
+            found = self.nodes.get((key, doc.version), lambda: self._load_meta(key, doc))
+            assert found is None or isinstance(found, ArrayView | GroupView)
+            view = found
         if views is not None:
             views[key] = view
         return view
@@ -163,6 +164,7 @@ class Presentation:
         try:
             raw = self.tree.read(doc)
             meta, span = self.tree.parse_spans(raw)
+            view: NodeView | None
             if meta["node_type"] == "group":
                 view = self._group_view(key, doc, meta)
             else:
@@ -418,7 +420,8 @@ class Presentation:
                 if content:
                     return self._consolidated(key, members), mtime_ns
                 size = self.nodes.get(
-                    (*key, "size"), lambda k=key, m=members: len(self._consolidated(k, m))
+                    (*key, "size"),
+                    lambda k=key, m=members: len(self._consolidated(k, m)),  # type: ignore[misc]
                 )
                 assert isinstance(size, int)
                 return size, mtime_ns

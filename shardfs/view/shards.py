@@ -11,6 +11,7 @@ presents an array (v3 or v2): an `ArrayView` says how its chunks are named.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -413,7 +414,7 @@ class Shards:
             memo = ("rows", key, table.stat.version, table.end, layout.grid[-1])
             origin = shard[-1] * cps[-1]
             rows = self.listings.get(
-                memo, lambda t=table, o=origin: DirRows.of(t, o, layout.grid[-1])
+                memo, functools.partial(DirRows.of, table, origin, layout.grid[-1])
             )
             assert isinstance(rows, DirRows)
             lo, hi = rows.bounds[d : d + 2].tolist()
@@ -427,6 +428,6 @@ class Shards:
         coords[:, :-1] = prefix
         coords[:, -1] = np.concatenate([rows.last[lo:hi] for rows, lo, hi in parts])
         extents = np.concatenate([rows.extents[lo:hi] for rows, lo, hi in parts])
-        shard = np.repeat(np.array(which, dtype=np.int32), counts)
+        shard_of = np.repeat(np.array(which, dtype=np.int32), counts)
         sizes = array.served_sizes(extents[:, 1])
-        return [ChunkRun(array, path, keys, shard, coords, extents, sizes)]
+        return [ChunkRun(array, path, keys, shard_of, coords, extents, sizes)]

@@ -286,6 +286,7 @@ class KernelVersions:
         """Drop the oldest shows beyond the budgets, and those the kernel no longer holds."""
         deadline = now - self.lifetime
         inodes, dirs = self._inodes, self._dirs
+        table: OrderedDict[int, Shown] | OrderedDict[str, Shown]
         while inodes or dirs:
             # the older of the two tables' oldest shows
             first_inode = next(iter(inodes.values())) if inodes else None

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Hashable
+from typing import Any
 
 from shardfs.formats import jsondoc, ome
 from shardfs.formats import metadata_write as mw
@@ -33,6 +35,7 @@ class Stores:
         directory, _, name = path.rpartition("/")
         source, version = self._read_metadata(directory)
         array = self.ns.presentation.array_at(directory) if source is not None else None
+        data: bytes | None
         if self.ns.view is View.V3:
             view = None
             if array is not None and array.layout.levels:  # sharded: the view shows it unsharded
@@ -70,7 +73,7 @@ class Stores:
             with contextlib.suppress(NotFound):  # removed by someone else meanwhile
                 self.storage.delete(key, stat.version)
 
-    def _read_metadata(self, directory: str) -> tuple[dict | None, object]:
+    def _read_metadata(self, directory: str) -> tuple[dict[str, Any] | None, Hashable]:
         """The stored `zarr.json` of `directory` (None if none) and its version (ABSENT if
         none), to store the next one over it."""
         stat = self.storage.stat(join(directory, METADATA))

@@ -103,8 +103,10 @@ class Workspace(MergedView):
         finally:
             self._mutating.release()
 
+    # (`SourceView.writes` is a None attribute; the protocols `ViewInterface` and `Writes`
+    # take any `WriteHandle` where this takes its own `Handle`: for the view layer to mend)
     @property
-    def writes(self) -> Workspace:
+    def writes(self) -> Workspace:  # type: ignore[override]
         return self
 
     def stats(self) -> dict[str, Any]:
