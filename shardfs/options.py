@@ -228,6 +228,19 @@ def _names(forms: str) -> list[str]:
 OWN = frozenset(name for forms, _ in TABLE for name in _names(forms)) - IGNORED
 
 
+def _valued() -> dict[str, str]:
+    """The options of TABLE that take a value, each with its forms (`view=v3 or view=v2`),
+    so that one given without a value is told how to give it."""
+    valued: dict[str, list[str]] = {}
+    for forms, _ in TABLE:
+        for form in re.findall(r"`([a-z_]+=[^`]*)`", forms):
+            valued.setdefault(form.partition("=")[0], []).append(form)
+    return {name: " or ".join(given) for name, given in valued.items()}
+
+
+VALUED = _valued()
+
+
 def _generic() -> str:
     """The meaning of the generic options' row, from KERNEL_FLAGS and IGNORED."""
     flags = ", ".join(f"`{flag}`" for flag in _KERNEL_FLAGS)
@@ -279,11 +292,13 @@ def help_text(width: int = 100) -> str:
     return "\n".join(out)
 
 
-def parse_size(text: str) -> int:
-    """Bytes from "4096", "64K", "256M", "1G" (binary units, optional "iB"/"B")."""
+def parse_size(text: str, what: str | None = None) -> int:
+    """Bytes from "4096", "64K", "256M", "1G" (binary units, optional "iB"/"B"). `what`
+    names the option the size was given to, so that a bad size says whose it is."""
     match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not match:
-        raise UsageError(f"bad size {text!r} (use bytes or a K/M/G suffix, e.g. 256M)")
+        whose = f"{what}: " if what else ""
+        raise UsageError(f"{whose}bad size {text!r} (use bytes or a K/M/G suffix, e.g. 256M)")
     return int(match.group(1)) * _SUFFIXES[match.group(2).upper()]
 
 
@@ -420,6 +435,8 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 and has_value
             ):
                 raise UsageError(f"option {name!r} takes no value")
+            if name in VALUED and not value:
+                raise UsageError(f"option {name} needs a value: {VALUED[name]}")
             if name == "ro":
                 options.read_only = True
             elif name == "rw":
@@ -431,13 +448,13 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             elif name == "debug":
                 options.debug = True
             elif name == "index_cache":
-                options.index_cache = parse_size(value)
+                options.index_cache = parse_size(value, f"option {name}")
             elif name == "view":
                 if value not in ("v2", "v3"):
-                    raise UsageError(f"unknown view {value!r} (use view=v3 or view=v2)")
+                    raise UsageError(f"option view takes v3 or v2, got {value!r}")
                 options.view = value
             elif name == "write_buffer":
-                options.write_buffer = parse_size(value)
+                options.write_buffer = parse_size(value, f"option {name}")
             elif name == "flush_interval":
                 options.flush_interval = _positive(name, value, float)
             elif name == "shard_new":
@@ -454,14 +471,14 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             elif name in KERNEL_FLAGS:
                 options.flags[_flag_pair(name)] = name
             elif name == "read_cache":
-                options.read_cache = parse_size(value)
+                options.read_cache = parse_size(value, f"option {name}")
             elif name == "listing_cache":
-                options.listing_cache = parse_size(value)
+                options.listing_cache = parse_size(value, f"option {name}")
             elif name == "cache_dir" and value:
                 options.cache_dir = os.path.abspath(value)
                 item = f"cache_dir={options.cache_dir}"
             elif name == "cache_size":
-                options.cache_size = parse_size(value)
+                options.cache_size = parse_size(value, f"option {name}")
             elif name == "stats_interval":
                 options.stats_interval = _positive(name, value, float)
             elif name == "inodes":

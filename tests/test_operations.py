@@ -143,7 +143,7 @@ def test_generic_mount_options_are_accepted_ignored_or_mapped() -> None:
 def test_a_command_less_argument_list_is_a_mount(tmp_path: Path) -> None:
     """mount.fuse3 runs `shardfs SOURCE MOUNTPOINT -o OPTS`."""
     result = run(str(tmp_path / "missing"), str(tmp_path), "-o", "ro,_netdev")
-    assert result.returncode == 1 and "does not exist" in result.stderr, result.stderr
+    assert result.returncode == 2 and "does not exist" in result.stderr, result.stderr
 
 
 # -- 2. mount(8): `mount -t fuse.shardfs` and an fstab line ----------------------------------
