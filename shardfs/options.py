@@ -37,11 +37,11 @@ _IGNORED = ("defaults", "auto", "noauto", "nofail", "_netdev", "user", "nouser",
 IGNORED = frozenset(_IGNORED)
 
 
-#: The options of `shardfs mount`, in the order the README's table and `shardfs mount --help`
-#: show them: (forms, meaning), both in Markdown. Every option `parse_options` takes is named
-#: in a form (`name` or `name=VALUE`), and nothing else is taken,
-#: so the help and the README (whose table `markdown_table` renders; a test compares them)
-#: cannot leave an option out. The generic options of mount(8) follow them (`_generic`).
+#: The options of `shardfs mount`, in the order the table of docs/configuration.md and
+#: `shardfs mount --help` show them: (forms, meaning), both in Markdown, links relative to
+#: docs/. Every option `parse_options` takes is named in a form (`name` or `name=VALUE`), and
+#: nothing else is taken, so the help and docs/configuration.md (whose table
+#: `markdown_table` renders; a test compares them) cannot leave an option out. The generic options of mount(8) follow them (`_generic`).
 TABLE: tuple[tuple[str, str], ...] = (
     (
         "`ro`",
@@ -51,7 +51,7 @@ TABLE: tuple[tuple[str, str], ...] = (
         "`rw`",
         (
             "the default: writes are buffered and committed into the shards (see [Writing through"
-            " the mount](#writing-through-the-mount))"
+            " the mount](formats.md#writing-through-the-mount))"
         ),
     ),
     (
@@ -78,7 +78,7 @@ TABLE: tuple[tuple[str, str], ...] = (
         "`allow_other`",
         (
             "let other users see the mount, the kernel checking the modes shown (see "
-            "[Permissions](docs/semantics.md#permissions); needs `user_allow_other` in "
+            "[Permissions](semantics.md#permissions); needs `user_allow_other` in "
             "`/etc/fuse.conf` for non-root)"
         ),
     ),
@@ -87,7 +87,7 @@ TABLE: tuple[tuple[str, str], ...] = (
         (
             "the owner and group every file shows (numbers; default: the stored file's, on S3 "
             "and for files not yet committed the mounting user's; see [Permissions]"
-            "(docs/semantics.md#permissions))"
+            "(semantics.md#permissions))"
         ),
     ),
     (
@@ -122,12 +122,9 @@ TABLE: tuple[tuple[str, str], ...] = (
         "`cache_dir=DIR`, `cache_size=SIZE`",
         (
             "S3: keep fetched indexes and chunk bytes on local disk in DIR, shared by the mounts "
-            "of the host and kept across restarts, at most SIZE (default 10G). DIR is made 0700 "
-            "(its files 0600) and must be the daemon user's alone: one another user owns or could"
-            " write is refused with a warning and the mount goes on without the cache; see "
-            "[docs/semantics.md](docs/semantics.md#s3-sources-s3bucketprefix) and, for all the "
-            "state a daemon keeps on the host, "
-            "[Local state and other users](docs/semantics.md#local-state-and-other-users)"
+            "of the host and kept across restarts, at most SIZE (default 10G); DIR must be the "
+            "daemon user's alone, or the mount goes on without it (see "
+            "[Caches](configuration.md#caches))"
         ),
     ),
     (
@@ -143,7 +140,7 @@ TABLE: tuple[tuple[str, str], ...] = (
         (
             "inodes of directories, metadata and passed-through files the daemon keeps for the "
             "kernel before it asks the kernel to forget the oldest (default 100000; chunk files "
-            "need none, see [Scale](docs/performance.md#scale))"
+            "need none, see [docs/performance.md](performance.md))"
         ),
     ),
     (
@@ -151,8 +148,8 @@ TABLE: tuple[tuple[str, str], ...] = (
         (
             "read-only mounts: let the kernel serve re-reads and listings without asking the "
             "daemon (default `yes` where pyfuse3 carries the patch in "
-            "[patches/](patches/README.md), which `scripts/setup` builds; see "
-            "[docs/semantics.md](docs/semantics.md#kernel-served-read-only-mounts))"
+            "[patches/](../patches/README.md), which `scripts/setup` builds; see "
+            "[docs/semantics.md](semantics.md#kernel-served-read-only-mounts))"
         ),
     ),
     (
@@ -213,7 +210,7 @@ TABLE: tuple[tuple[str, str], ...] = (
             "fstab: let ordinary users mount the line (mount(8) decides who may); the daemon then"
             " runs as that user, with its state below the home directory the passwd database "
             "gives that user, so it works as a user's own `shardfs mount` (see [Mounting as an "
-            "ordinary user](#mounting-as-an-ordinary-user))"
+            "ordinary user](install.md#mounting-as-an-ordinary-user))"
         ),
     ),
 )
@@ -254,7 +251,7 @@ def _generic() -> str:
 
 
 def markdown_table() -> str:
-    """The README's table of mount options (a test checks that the README holds it)."""
+    """The table of mount options in docs/configuration.md (a test checks that it is there)."""
     rows = [*TABLE, ("generic options", _generic())]
     return "\n".join(
         [
@@ -266,14 +263,14 @@ def markdown_table() -> str:
 
 
 def _plain(markdown: str) -> str:
-    """Markdown of the table as plain text: no backticks; a link as its text, followed by
-    its target unless the text is a path already."""
+    """Markdown of the table as plain text: no backticks; a link (relative to docs/, where
+    the table is) as its text, followed by its path in the repository unless the text is
+    that path already."""
 
     def link(match: re.Match[str]) -> str:
         text, target = match.group(1), match.group(2).partition("#")[0]
-        if not target:
-            return f'"{text}" in the README'
-        return text if target in (text, text + "README.md") else f"{text} ({target})"
+        path = target.removeprefix("../") if target.startswith("../") else f"docs/{target}"
+        return text if path in (text, text + "README.md") else f"{text} ({path})"
 
     return re.sub(r"\[([^\]]+)\]\(([^)]+)\)", link, markdown).replace("`", "")
 

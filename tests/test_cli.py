@@ -237,18 +237,24 @@ PLACEHOLDERS = {
 }
 
 
-def test_mount_help_and_the_readme_show_every_option_of_the_one_table() -> None:
-    """`shardfs mount --help` and the README's table are made from `shardfs.options.TABLE`,
-    and `parse_options` takes exactly the options named there (and the generic ones)."""
+#: The repository: README.md and docs/ are checked against the code.
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def test_mount_help_and_the_option_page_show_every_option_of_the_one_table() -> None:
+    """`shardfs mount --help` and the table of docs/configuration.md are made from
+    `shardfs.options.TABLE`, and `parse_options` takes exactly the options named there (and
+    the generic ones)."""
     import re
 
     from shardfs import options
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert options.markdown_table() in readme, (
-        "the README's table of mount options is not shardfs.options.markdown_table(): "
-        "paste its output into the README"
+    page = (REPOSITORY / "docs" / "configuration.md").read_text()
+    assert options.markdown_table() in page, (
+        "the table of mount options in docs/configuration.md is not "
+        "shardfs.options.markdown_table(): paste its output there"
     )
+    assert page.count("| option | meaning |") == 1, "one table of mount options, no other"
     shown = run("mount", "--help").stdout
     named = {name for forms, _ in options.TABLE for name in options._names(forms)}
     for name in (*named, *options.KERNEL_FLAGS, *options.IGNORED):
@@ -413,3 +419,45 @@ def test_a_sharded_array_anywhere_in_the_walk_keeps_the_mount_quiet(
         del root["x"]
         note_nothing_sharded(open_source(str(tmp_path / "src")), "src")
     assert caplog.messages == ["no sharded array in src: every file is shown as it is stored"]
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown page."""
+    import re
+
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", markdown, flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_link_of_the_readme_and_docs_reaches_its_page_and_heading() -> None:
+    """Each docs page is one link from the README, and no link of README.md or docs/ points
+    to a file or heading that is not there (docs/performance.md is rewritten from results:
+    links into it are checked for the file only)."""
+    import re
+
+    pages = [REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").glob("*.md"))]
+    readme_links = set(re.findall(r"\]\(docs/([^)#]+)", pages[0].read_text()))
+    assert {p.name for p in pages[1:]} <= readme_links
+    for page in pages:
+        if page.name == "performance.md":
+            continue
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https: and the like
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), (page.name, target)
+            if anchor and linked.suffix == ".md" and linked.name != "performance.md":
+                assert anchor in _anchors(linked.read_text()), (page.name, target)
+
+
+def test_no_docs_heading_is_named_after_an_issue() -> None:
+    """History stays in git and the issues; a heading names its topic."""
+    import re
+
+    for page in sorted((REPOSITORY / "docs").glob("*.md")):
+        if page.name == "performance.md":
+            continue  # rewritten from results elsewhere
+        for heading in re.findall(r"^#+ .*$", page.read_text(), re.M):
+            assert not re.search(r"\bissues? \d", heading, re.I), (page.name, heading)
