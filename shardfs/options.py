@@ -37,11 +37,11 @@ _IGNORED = ("defaults", "auto", "noauto", "nofail", "_netdev", "user", "nouser",
 IGNORED = frozenset(_IGNORED)
 
 
-#: The options of `shardfs mount`, in the order the README's table and `shardfs mount --help`
-#: show them: (forms, meaning), both in Markdown. Every option `parse_options` takes is named
-#: in a form (`name` or `name=VALUE`), and nothing else is taken,
-#: so the help and the README (whose table `markdown_table` renders; a test compares them)
-#: cannot leave an option out. The generic options of mount(8) follow them (`_generic`).
+#: The options of `shardfs mount`, in the order the table of docs/configuration.md and
+#: `shardfs mount --help` show them: (forms, meaning), both in Markdown, links relative to
+#: docs/. Every option `parse_options` takes is named in a form (`name` or `name=VALUE`), and
+#: nothing else is taken, so the help and docs/configuration.md (whose table
+#: `markdown_table` renders; a test compares them) cannot leave an option out. The generic options of mount(8) follow them (`_generic`).
 TABLE: tuple[tuple[str, str], ...] = (
     (
         "`ro`",
@@ -51,7 +51,7 @@ TABLE: tuple[tuple[str, str], ...] = (
         "`rw`",
         (
             "the default: writes are buffered and committed into the shards (see [Writing through"
-            " the mount](#writing-through-the-mount))"
+            " the mount](formats.md#writing-through-the-mount))"
         ),
     ),
     (
@@ -78,7 +78,7 @@ TABLE: tuple[tuple[str, str], ...] = (
         "`allow_other`",
         (
             "let other users see the mount, the kernel checking the modes shown (see "
-            "[Permissions](docs/semantics.md#permissions); needs `user_allow_other` in "
+            "[Permissions](semantics.md#permissions); needs `user_allow_other` in "
             "`/etc/fuse.conf` for non-root)"
         ),
     ),
@@ -87,7 +87,7 @@ TABLE: tuple[tuple[str, str], ...] = (
         (
             "the owner and group every file shows (numbers; default: the stored file's, on S3 "
             "and for files not yet committed the mounting user's; see [Permissions]"
-            "(docs/semantics.md#permissions))"
+            "(semantics.md#permissions))"
         ),
     ),
     (
@@ -122,12 +122,9 @@ TABLE: tuple[tuple[str, str], ...] = (
         "`cache_dir=DIR`, `cache_size=SIZE`",
         (
             "S3: keep fetched indexes and chunk bytes on local disk in DIR, shared by the mounts "
-            "of the host and kept across restarts, at most SIZE (default 10G). DIR is made 0700 "
-            "(its files 0600) and must be the daemon user's alone: one another user owns or could"
-            " write is refused with a warning and the mount goes on without the cache; see "
-            "[docs/semantics.md](docs/semantics.md#s3-sources-s3bucketprefix) and, for all the "
-            "state a daemon keeps on the host, "
-            "[Local state and other users](docs/semantics.md#local-state-and-other-users)"
+            "of the host and kept across restarts, at most SIZE (default 10G); DIR must be the "
+            "daemon user's alone, or the mount goes on without it (see "
+            "[Caches](configuration.md#caches))"
         ),
     ),
     (
@@ -143,7 +140,7 @@ TABLE: tuple[tuple[str, str], ...] = (
         (
             "inodes of directories, metadata and passed-through files the daemon keeps for the "
             "kernel before it asks the kernel to forget the oldest (default 100000; chunk files "
-            "need none, see [Scale](docs/performance.md#scale))"
+            "need none, see [docs/performance.md](performance.md))"
         ),
     ),
     (
@@ -151,8 +148,8 @@ TABLE: tuple[tuple[str, str], ...] = (
         (
             "read-only mounts: let the kernel serve re-reads and listings without asking the "
             "daemon (default `yes` where pyfuse3 carries the patch in "
-            "[patches/](patches/README.md), which `scripts/setup` builds; see "
-            "[docs/semantics.md](docs/semantics.md#kernel-served-read-only-mounts))"
+            "[patches/](../patches/README.md), which `scripts/setup` builds; see "
+            "[docs/semantics.md](semantics.md#kernel-served-read-only-mounts))"
         ),
     ),
     (
@@ -213,7 +210,7 @@ TABLE: tuple[tuple[str, str], ...] = (
             "fstab: let ordinary users mount the line (mount(8) decides who may); the daemon then"
             " runs as that user, with its state below the home directory the passwd database "
             "gives that user, so it works as a user's own `shardfs mount` (see [Mounting as an "
-            "ordinary user](#mounting-as-an-ordinary-user))"
+            "ordinary user](install.md#mounting-as-an-ordinary-user))"
         ),
     ),
 )
@@ -226,6 +223,19 @@ def _names(forms: str) -> list[str]:
 
 #: The options `parse_options` takes besides the generic ones: those of TABLE.
 OWN = frozenset(name for forms, _ in TABLE for name in _names(forms)) - IGNORED
+
+
+def _valued() -> dict[str, str]:
+    """The options of TABLE that take a value, each with its forms (`view=v3 or view=v2`),
+    so that one given without a value is told how to give it."""
+    valued: dict[str, list[str]] = {}
+    for forms, _ in TABLE:
+        for form in re.findall(r"`([a-z_]+=[^`]*)`", forms):
+            valued.setdefault(form.partition("=")[0], []).append(form)
+    return {name: " or ".join(given) for name, given in valued.items()}
+
+
+VALUED = _valued()
 
 
 def _generic() -> str:
@@ -241,7 +251,7 @@ def _generic() -> str:
 
 
 def markdown_table() -> str:
-    """The README's table of mount options (a test checks that the README holds it)."""
+    """The table of mount options in docs/configuration.md (a test checks that it is there)."""
     rows = [*TABLE, ("generic options", _generic())]
     return "\n".join(
         [
@@ -253,14 +263,14 @@ def markdown_table() -> str:
 
 
 def _plain(markdown: str) -> str:
-    """Markdown of the table as plain text: no backticks; a link as its text, followed by
-    its target unless the text is a path already."""
+    """Markdown of the table as plain text: no backticks; a link (relative to docs/, where
+    the table is) as its text, followed by its path in the repository unless the text is
+    that path already."""
 
     def link(match: re.Match[str]) -> str:
         text, target = match.group(1), match.group(2).partition("#")[0]
-        if not target:
-            return f'"{text}" in the README'
-        return text if target in (text, text + "README.md") else f"{text} ({target})"
+        path = target.removeprefix("../") if target.startswith("../") else f"docs/{target}"
+        return text if path in (text, text + "README.md") else f"{text} ({path})"
 
     return re.sub(r"\[([^\]]+)\]\(([^)]+)\)", link, markdown).replace("`", "")
 
@@ -279,11 +289,13 @@ def help_text(width: int = 100) -> str:
     return "\n".join(out)
 
 
-def parse_size(text: str) -> int:
-    """Bytes from "4096", "64K", "256M", "1G" (binary units, optional "iB"/"B")."""
+def parse_size(text: str, what: str | None = None) -> int:
+    """Bytes from "4096", "64K", "256M", "1G" (binary units, optional "iB"/"B"). `what`
+    names the option the size was given to, so that a bad size says whose it is."""
     match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not match:
-        raise UsageError(f"bad size {text!r} (use bytes or a K/M/G suffix, e.g. 256M)")
+        whose = f"{what}: " if what else ""
+        raise UsageError(f"{whose}bad size {text!r} (use bytes or a K/M/G suffix, e.g. 256M)")
     return int(match.group(1)) * _SUFFIXES[match.group(2).upper()]
 
 
@@ -420,6 +432,8 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 and has_value
             ):
                 raise UsageError(f"option {name!r} takes no value")
+            if name in VALUED and not value:
+                raise UsageError(f"option {name} needs a value: {VALUED[name]}")
             if name == "ro":
                 options.read_only = True
             elif name == "rw":
@@ -431,13 +445,13 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             elif name == "debug":
                 options.debug = True
             elif name == "index_cache":
-                options.index_cache = parse_size(value)
+                options.index_cache = parse_size(value, f"option {name}")
             elif name == "view":
                 if value not in ("v2", "v3"):
-                    raise UsageError(f"unknown view {value!r} (use view=v3 or view=v2)")
+                    raise UsageError(f"option view takes v3 or v2, got {value!r}")
                 options.view = value
             elif name == "write_buffer":
-                options.write_buffer = parse_size(value)
+                options.write_buffer = parse_size(value, f"option {name}")
             elif name == "flush_interval":
                 options.flush_interval = _positive(name, value, float)
             elif name == "shard_new":
@@ -454,14 +468,14 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             elif name in KERNEL_FLAGS:
                 options.flags[_flag_pair(name)] = name
             elif name == "read_cache":
-                options.read_cache = parse_size(value)
+                options.read_cache = parse_size(value, f"option {name}")
             elif name == "listing_cache":
-                options.listing_cache = parse_size(value)
+                options.listing_cache = parse_size(value, f"option {name}")
             elif name == "cache_dir" and value:
                 options.cache_dir = os.path.abspath(value)
                 item = f"cache_dir={options.cache_dir}"
             elif name == "cache_size":
-                options.cache_size = parse_size(value)
+                options.cache_size = parse_size(value, f"option {name}")
             elif name == "stats_interval":
                 options.stats_interval = _positive(name, value, float)
             elif name == "inodes":

@@ -13,12 +13,13 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from shardfs.formats.zarr_v3 import is_array, is_sharded
 from shardfs.options import MountOptions
-from shardfs.primitives.errors import InvalidMetadata, StorageError, UsageError
+from shardfs.primitives.errors import InvalidMetadata, ShardfsError, StorageError, UsageError
 from shardfs.primitives.private import UnsafeState
 from shardfs.storage import LocalStorage, Storage
 from shardfs.view import Namespace, View
-from shardfs.view.hierarchy import Hierarchy, open_hierarchy
+from shardfs.view.hierarchy import Hierarchy, join, open_hierarchy
 from shardfs.view.interface import ViewInterface
 from shardfs.view.precomputed import PrecomputedNamespace, PrecomputedSource, open_volume
 from shardfs.view.wkw import WkwNamespace, WkwSource, open_wkw
@@ -95,6 +96,42 @@ def open_source(
         return open_hierarchy(storage)
     except InvalidMetadata as e:
         raise UsageError(f"source {source}: {e}") from None
+
+
+#: How many nodes `note_nothing_sharded` looks at before it gives up and says nothing.
+SHARDED_LOOKUP_NODES = 100
+
+
+def note_nothing_sharded(source: Hierarchy | PrecomputedSource | WkwSource, name: str) -> None:
+    """Log one warning if a Zarr source holds no sharded array, or a precomputed volume no
+    sharded scale: the mount then shows every file as stored, which is worth a word where
+    the user expected shards unsharded. The walk reads node documents only, breadth first,
+    and stops at the first sharded array or after SHARDED_LOOKUP_NODES nodes (then, or if
+    a document cannot be read, it says nothing: the mount reports real errors itself)."""
+    if isinstance(source, WkwSource):
+        return  # always shown as Zarr
+    if isinstance(source, PrecomputedSource):
+        if not source.volume.scales and not source.volume.unchanged:
+            log.warning("no sharded scale in %s: every file is shown as it is stored", name)
+        return
+    pending, looked = [""], 0
+    try:
+        while pending and looked < SHARDED_LOOKUP_NODES:
+            path = pending.pop(0)
+            looked += 1
+            doc = source.find(path)
+            if doc is None:
+                continue
+            meta = source.parse(source.read(doc))
+            if is_array(meta):
+                if is_sharded(meta):
+                    return
+            else:
+                pending += [join(path, child) for child in source.children(path)]
+    except ShardfsError:
+        return
+    if not pending:
+        log.warning("no sharded array in %s: every file is shown as it is stored", name)
 
 
 def _other_format(storage: Storage, view: View) -> PrecomputedSource | WkwSource | None:

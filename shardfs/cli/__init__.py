@@ -42,7 +42,13 @@ from shardfs.maintenance import (
 from shardfs.options import MountOptions, help_text, parse_options, parse_size
 from shardfs.primitives.errors import ShardfsError, UsageError
 from shardfs.primitives.private import UnsafeState, home_dir, own_directory
-from shardfs.sources import is_local, open_leftovers, open_source, open_view
+from shardfs.sources import (
+    is_local,
+    note_nothing_sharded,
+    open_leftovers,
+    open_source,
+    open_view,
+)
 from shardfs.storage import LocalStorage, Storage
 from shardfs.view.hierarchy import Hierarchy
 from shardfs.view.precomputed import PrecomputedSource
@@ -161,8 +167,16 @@ def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: 0 done; 2 a usage error (refused as given, before anything was done: a
+    bad argument or option, a SOURCE that is missing or not one the command takes, a
+    mountpoint or device that cannot be used), as argparse exits; 1 any other failure."""
     parser, names = _parser()
-    args = parser.parse_args(_implied_mount(names, sys.argv[1:] if argv is None else argv))
+    argv = _implied_mount(names, sys.argv[1:] if argv is None else argv)
+    misplaced = _misplaced_option(argv)
+    if misplaced:
+        print(f"shardfs: {misplaced}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         if args.command == "mount":
             return _mount(args)
@@ -177,6 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "stats":
             return stats.run(args)
         return _umount(args.mountpoint)
+    except UsageError as e:
+        print(f"shardfs: {e}", file=sys.stderr)
+        return 2
     except ShardfsError as e:
         print(f"shardfs: {e}", file=sys.stderr)
         return 1
@@ -189,6 +206,35 @@ def _implied_mount(commands: frozenset[str], argv: Sequence[str]) -> list[str]:
     if argv and not argv[0].startswith("-") and argv[0] not in commands:
         return ["mount", *argv]
     return list(argv)
+
+
+#: What people write for a mount option as a command-line flag (`mount -r` in mount(8)).
+_FLAG_OPTIONS = {"-r": "ro", "--ro": "ro", "--read-only": "ro", "-w": "rw", "--rw": "rw"}
+
+
+def _misplaced_option(argv: Sequence[str]) -> str | None:
+    """The one line for a mount option given to `shardfs mount` as a flag (`--ro`, `-r`,
+    `--allow_other`), which argparse would only answer with the top-level usage."""
+    if not argv or argv[0] != "mount":
+        return None
+    from shardfs.options import OWN
+
+    after_o = False
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        if after_o or arg == "-o":
+            after_o = not after_o
+            continue
+        name, equals, value = arg.lstrip("-").partition("=")
+        option = _FLAG_OPTIONS.get(arg) or (
+            f"{name.replace('-', '_')}{equals}{value}"
+            if arg.startswith("--") and name.replace("-", "_") in OWN
+            else None
+        )
+        if option:
+            return f"mount has no {arg.partition('=')[0]} flag: mount options go after -o (-o {option})"
+    return None
 
 
 # -- checks shared by the parent and the daemon ------------------------------------------
@@ -311,7 +357,7 @@ def clear_stale(mountpoint: str) -> None:
     result = unmount(mountpoint, lazy=True)
     if result.returncode != 0 or is_stale(mountpoint):
         detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
-        raise UsageError(
+        raise ShardfsError(
             f"mountpoint {mountpoint} is a stale mount whose daemon is gone, and clearing it "
             f"failed: {detail}"
         )
@@ -341,6 +387,7 @@ def _mount(args: argparse.Namespace) -> int:
         # Here, where it shows: the warning if /tmp/shardfs-UID is another user's, or the
         # one line that refuses an unsafe runtime directory.
         runtime_dir(make=True)
+        note_nothing_sharded(source, args.source)
     if args.foreground:
         return _run_daemon(args, options, source, early)
     early.print()  # the daemon's log (syslog, a file) gets them too, but is not here
@@ -507,10 +554,13 @@ def _detach_daemon(
         os.kill(pid, signal.SIGKILL)  # ours, by PID: it never answered
         status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         reason = "did not answer in time" if message == "timeout" else f"exited ({status})"
-        where = options.log_file or "the system log (journalctl -t shardfs)"
+        if options.log_file or os.path.exists("/dev/log"):
+            where = options.log_file or "the system log (journalctl -t shardfs)"
+            logged = f"its log, if any, is in {where}"
+        else:  # see logs.setup: a detached daemon without syslog logs to its stderr, /dev/null
+            logged = "it had no log (there is no /dev/log): mount with -f or -o log=FILE to see why"
         print(
-            f"shardfs: cannot mount {args.mountpoint}: the daemon {reason}; its log, if any, "
-            f"is in {where}",
+            f"shardfs: cannot mount {args.mountpoint}: the daemon {reason}; {logged}",
             file=sys.stderr,
         )
     if mount_type(args.mountpoint) is not None:
@@ -552,7 +602,7 @@ def _umount(mountpoint: str) -> int:
         if lock is not None:
             os.close(lock)
         detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
-        raise UsageError(f"cannot unmount {mountpoint}: {detail}")
+        raise ShardfsError(f"cannot unmount {mountpoint}: {detail}")
     if lock is None:
         return 0
     outcome = wait_for_daemon(lock, timeout=UMOUNT_NOTICE)
@@ -563,7 +613,7 @@ def _umount(mountpoint: str) -> int:
         )
         outcome = wait_for_daemon(lock)
     if outcome:
-        raise UsageError(f"{mountpoint} is unmounted, but: {outcome} (see the daemon's log)")
+        raise ShardfsError(f"{mountpoint} is unmounted, but: {outcome} (see the daemon's log)")
     return 0
 
 
@@ -638,7 +688,7 @@ def _compact(args: argparse.Namespace) -> int:
     """Exit 0 if every shard was compacted or left alone on purpose, 1 if some are corrupt or
     unreadable, 2 on usage errors (as for fsck)."""
     try:
-        policy = Policy(args.threshold, parse_size(args.min_dead))
+        policy = Policy(args.threshold, parse_size(args.min_dead, "--min-dead"))
         storage = _zarr_storage(args.source, "compact")
     except (UsageError, ValueError) as e:  # ValueError: Policy refuses the threshold
         print(f"shardfs: {e}", file=sys.stderr)

@@ -13,7 +13,7 @@ from typing import Any
 
 from shardfs.cli.options import Commands
 from shardfs.fuse.control import hit_rate, query, size_text, socket_path
-from shardfs.fuse.mounts import mount_type
+from shardfs.fuse.mounts import is_stale, mount_type
 from shardfs.primitives.private import UnsafeState
 
 
@@ -26,7 +26,8 @@ def add_parser(commands: Commands) -> None:
             "to the source by kind and the bytes they moved, errors and retries, the hit "
             "rates of each cache (shard indexes, listings, metadata, read-ahead, the disk "
             "cache), FUSE requests by kind, and the commits of a read-write mount. Sends no "
-            "request to the source. Exit status: 0 done, 1 no shardfs mount answered."
+            "request to the source. Exit status: 0 done, 1 the daemon did not answer (gone, or"
+            " failing), 2 MOUNTPOINT is not a shardfs mount."
         ),
     )
     parser.add_argument("mountpoint")
@@ -36,6 +37,9 @@ def add_parser(commands: Commands) -> None:
 def run(args: argparse.Namespace) -> int:
     if mount_type(args.mountpoint) != "fuse.shardfs":
         print(f"shardfs: {args.mountpoint} is not a shardfs mount", file=sys.stderr)
+        return 2
+    if is_stale(args.mountpoint):
+        print(_gone(args.mountpoint), file=sys.stderr)
         return 1
     try:
         path = socket_path(args.mountpoint)
@@ -44,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardfs: the daemon of {args.mountpoint} is not asked: {e}", file=sys.stderr)
         return 1
     except (OSError, ValueError) as e:
+        if is_stale(args.mountpoint):  # it died while asked
+            print(_gone(args.mountpoint), file=sys.stderr)
+            return 1
         print(
             f"shardfs: the daemon of {args.mountpoint} does not answer at {path}: {e}",
             file=sys.stderr,
@@ -55,6 +62,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(stats, indent=2) if args.json else "\n".join(lines(stats)))
     return 0
+
+
+def _gone(mountpoint: str) -> str:
+    """The line for a mount whose daemon died (killed, out of memory): nothing answers."""
+    return (
+        f"shardfs: the daemon of {mountpoint} is gone (the mount is stale: transport endpoint "
+        f"is not connected); `shardfs umount {mountpoint}` clears it"
+    )
 
 
 def lines(stats: dict[str, Any]) -> list[str]:

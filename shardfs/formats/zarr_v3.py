@@ -178,6 +178,12 @@ def is_array(meta: dict[str, Any]) -> bool:
     return meta.get("node_type") == "array"
 
 
+def is_sharded(meta: dict[str, Any]) -> bool:
+    """Whether an array's codecs hold a `sharding_indexed` codec (checked or not)."""
+    codecs = meta.get("codecs")
+    return isinstance(codecs, list) and any(normalize_codec(c)[0] == SHARDING for c in codecs)
+
+
 def parse_node(raw: bytes) -> dict[str, Any]:
     """Parse a Zarr v3 `zarr.json` document (array or group)."""
     return parse_node_spans(raw)[0]
@@ -269,7 +275,7 @@ def sharded_layout(meta: dict[str, Any]) -> ShardedLayout | None:
     codecs = meta.get("codecs")
     if not isinstance(codecs, list):
         raise InvalidMetadata("array metadata has no codecs list")
-    if not any(normalize_codec(c)[0] == SHARDING for c in codecs):
+    if not is_sharded(meta):
         return None
     shape, shard_shape, keys = _regular_grid(meta)
 

@@ -112,7 +112,7 @@ def parse_url(url: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class S3Config:
-    """How to reach the store; see the README's S3 options."""
+    """How to reach the store; see the S3 options in docs/configuration.md."""
 
     endpoint_url: str | None = None
     region: str | None = None

@@ -45,7 +45,7 @@ from tests.support.ome_data import image_with_labels, plate
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 REPO = Path(__file__).resolve().parents[2]
-#: The units name the README's install location; tests run the venv's command instead.
+#: The units name the install location of docs/install.md; tests run the venv's command instead.
 INSTALLED = "/usr/local/bin/shardfs"
 VENV_SHARDFS = Path(sys.executable).parent / "shardfs"
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzzSECRET"
@@ -143,7 +143,7 @@ def test_generic_mount_options_are_accepted_ignored_or_mapped() -> None:
 def test_a_command_less_argument_list_is_a_mount(tmp_path: Path) -> None:
     """mount.fuse3 runs `shardfs SOURCE MOUNTPOINT -o OPTS`."""
     result = run(str(tmp_path / "missing"), str(tmp_path), "-o", "ro,_netdev")
-    assert result.returncode == 1 and "does not exist" in result.stderr, result.stderr
+    assert result.returncode == 2 and "does not exist" in result.stderr, result.stderr
 
 
 # -- 2. mount(8): `mount -t fuse.shardfs` and an fstab line ----------------------------------
@@ -152,7 +152,7 @@ def test_a_command_less_argument_list_is_a_mount(tmp_path: Path) -> None:
 def in_private_namespace(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """Run `script` (sh) in a mount namespace of its own where /usr/local/bin holds only
     `shardfs`: mount(8) runs helpers with PATH removed, so mount.fuse3 finds `shardfs` only
-    in the shell's default path, as the README's install (a symlink there) arranges. The
+    in the shell's default path, as docs/install.md's link (a symlink there) arranges. The
     namespace keeps the host's /usr/local/bin, and the mounts made, out of everyone's way."""
     bindir = tmp_path / "bin"
     bindir.mkdir()

@@ -117,7 +117,7 @@ def test_the_figures_are_logged_at_an_interval(tmp_path: Path, mount) -> None:
 
 def test_stats_of_what_is_not_a_mount(tmp_path: Path) -> None:
     done = shardfs("stats", str(tmp_path))
-    assert done.returncode == 1 and "is not a shardfs mount" in done.stderr
+    assert done.returncode == 2 and "is not a shardfs mount" in done.stderr
 
 
 @pytest.mark.fuse

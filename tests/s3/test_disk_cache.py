@@ -912,4 +912,4 @@ def test_cache_options_are_checked(tmp_path: Path) -> None:
         text=True,
         check=False,
     )
-    assert result.returncode == 1 and "cache_dir is for S3 sources" in result.stderr
+    assert result.returncode == 2 and "cache_dir is for S3 sources" in result.stderr

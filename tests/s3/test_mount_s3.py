@@ -258,7 +258,7 @@ def test_mount_errors_are_clear(s3: S3Env, tmp_path: Path) -> None:
             text=True,
             timeout=60,
         )
-        assert done.returncode == 1 and expected in done.stderr, done.stderr
+        assert done.returncode == 2 and expected in done.stderr, done.stderr
 
 
 def test_kernel_served_reads_never_mix_or_cut_a_replaced_object(s3: S3Env, mount) -> None:

@@ -212,7 +212,7 @@ def test_a_prefix_no_path_can_hold_is_refused(
         out, err = process.communicate(timeout=60)
     finally:  # had it mounted after all, the daemon would still run: undo that
         stop_mount(Mounted(mountpoint, process, tmp_path / "unused.log"))
-    assert process.returncode == 1
+    assert process.returncode == 2
     assert err.decode().splitlines() == [
         f"shardfs: s3://{s3.bucket}/{prefix}: the prefix cannot be a directory: {why}; S3"
         " takes keys as written and resolves no '.' or '..', so name the prefix as its keys"
