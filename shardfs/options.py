@@ -153,6 +153,15 @@ TABLE: tuple[tuple[str, str], ...] = (
         ),
     ),
     (
+        "`front=yes` or `front=no`",
+        (
+            "kernel-served mounts of local sources: answer the lookups, attributes and reads of "
+            "chunk files in compiled code, Python deciding what it may answer (default `yes` "
+            "where `scripts/setup` built it; the log says when it is off and why; see "
+            "[docs/design.md](design.md#the-native-front))"
+        ),
+    ),
+    (
         "`cache_timeout=SECONDS`",
         (
             "read-only mounts: how long the kernel trusts the entries, attributes, pages and "
@@ -327,6 +336,8 @@ class MountOptions:
     #: read-only mounts: let the kernel serve re-reads and listings itself (needs the
     #: patched pyfuse3; `kernel_cache=no` keeps open and opendir requests)
     kernel_cache: bool = True
+    #: kernel-served mounts: answer hot requests in the native front (`front=no`: in Python)
+    front: bool = True
     #: read-only mounts: how long the kernel trusts what it caches (entries, attributes,
     #: and with `kernel_cache` pages and listings) before it asks again
     cache_timeout: float = 300.0
@@ -486,10 +497,10 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 setattr(options, name, _id(name, value))
             elif name in ("file_mode", "dir_mode"):
                 setattr(options, name, _mode(name, value))
-            elif name == "kernel_cache":
+            elif name in ("kernel_cache", "front"):
                 if value not in ("yes", "no"):
-                    raise UsageError(f"option kernel_cache takes yes or no, got {value!r}")
-                options.kernel_cache = value == "yes"
+                    raise UsageError(f"option {name} takes yes or no, got {value!r}")
+                setattr(options, name, value == "yes")
             elif name == "spool" and value:
                 options.spool = os.path.abspath(value)
                 item = f"spool={options.spool}"

@@ -65,6 +65,13 @@ def wait_mounted(mounted: Mounted, timeout: float = 30) -> Mounted:
             raise RuntimeError(f"mount did not come up: {mounted.log()}")
         time.sleep(0.02)
     os.stat(mounted.path)  # answered by the daemon
+    # ... and the daemon's own first stat of it answered too (its "ready"): an unmount
+    # while that stat is in flight would find the mount busy
+    while f"mounted {mounted.path}" not in mounted.log():
+        if mounted.process.poll() is not None or time.monotonic() > deadline:
+            stop_mount(mounted)
+            raise RuntimeError(f"mount did not report ready: {mounted.log()}")
+        time.sleep(0.02)
     return mounted
 
 

@@ -492,6 +492,7 @@ def _run_daemon(
                 timeout=options.cache_timeout,
                 inodes=options.inodes,
                 kernel_served=_kernel_served(options),
+                front=options.front,
                 uid=options.uid,
                 gid=options.gid,
                 file_mode=options.file_mode,

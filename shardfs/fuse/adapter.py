@@ -28,7 +28,8 @@ import pyfuse3
 import trio
 
 from shardfs.checksum.digests import ChunkDigests
-from shardfs.fuse.inodes import InodeTable, Slot
+from shardfs.fuse.inodes import SHIFT, InodeTable, Slot
+from shardfs.fuse.kernel_served.front import NativeFront, unavailable
 from shardfs.fuse.owners import Owners
 from shardfs.primitives.blocking import WouldBlock, attempt
 from shardfs.primitives.errors import (
@@ -189,6 +190,17 @@ async def _invalidate(inode: int) -> None:
         await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, False)
 
 
+def _front_off(view: ViewInterface, config: MountConfig) -> str | None:
+    """Why a kernel-served mount of `view` runs without the native front (None: with)."""
+    if not config.kernel_served:
+        return None
+    if not config.front:
+        return "front=no"
+    if view.storage.stat_path("") is None:
+        return "its source is not a local directory"
+    return unavailable()
+
+
 def errno_for(error: ShardfsError) -> int:
     """The errno a FUSE client sees for a core error; everything unexpected is EIO."""
     for cls, code in _ERRNO:
@@ -264,6 +276,8 @@ class MountConfig:
     #: kernel is asked to forget the oldest
     inodes: int = 100_000
     kernel_served: bool = False
+    #: kernel-served mounts: answer hot requests in the native front where it can run
+    front: bool = False
     #: the owner and modes every file shows, replacing the source's (see `Owners`)
     uid: int | None = None
     gid: int | None = None
@@ -357,10 +371,25 @@ class Operations(pyfuse3.Operations):
         self._windows: dict[int, _Window] = {}
         # kernel-served mounts: by inode, since the kernel sends no file handles
         self._readers: _ByInode[int, _Pass] = _ByInode(INODE_READERS, lambda _, p: p.drop())
+        self._owners = Owners(
+            config.read_only, config.uid, config.gid, config.file_mode, config.dir_mode
+        )
+        #: why a kernel-served mount runs without the native front, if it does
+        self.front_off = _front_off(view, config)
+        front = None
+        if config.kernel_served and self.front_off is None:
+            # made first: it sets aside its descriptors from the budget the versions use
+            front = NativeFront(view.storage, self._owners, config.cache_timeout)
         #: what the kernel of a kernel-served mount was shown of each file
         self.versions = (
             KernelVersions(view.storage, config.cache_timeout) if config.kernel_served else None
         )
+        #: the native front, attached by the daemon once pyfuse3 has mounted
+        self.front = front
+        if front is not None and self.versions is not None:
+            front.versions = self.versions
+            self.versions.elsewhere = front
+            self.inodes.shared = front.retire
         #: read-only mounts: the version each inode was last opened on (see `_open_file`)
         self._opened: dict[int, Hashable] = {}
         #: the show whose reads last failed, by inode: logged once
@@ -381,9 +410,6 @@ class Operations(pyfuse3.Operations):
         self._extents: dict[int, Extent] = {}
         self._digests: ChunkDigests | None = None
         self._next_fh = itertools.count(1)
-        self._owners = Owners(
-            config.read_only, config.uid, config.gid, config.file_mode, config.dir_mode
-        )
         #: FUSE requests by handler, and error replies by errno, for `shardfs stats`
         self.requests: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
@@ -391,16 +417,25 @@ class Operations(pyfuse3.Operations):
         self.debug = log.isEnabledFor(logging.DEBUG)
         self.started = time.time()
 
+    def without_front(self, why: str) -> None:
+        """Serve everything in Python: the front could not start (`why`)."""
+        self.front, self.front_off = None, why
+        self.inodes.shared = None
+        if self.versions is not None:
+            self.versions.elsewhere = None
+
     def stats(self) -> dict[str, Any]:
-        """Everything `shardfs stats` shows: the view's figures and the kernel's requests."""
-        return {
-            "uptime": time.time() - self.started,
-            "fuse": {
-                "requests": dict(sorted(self.requests.items())),
-                "errors": dict(sorted(self.errors.items())),
-            },
-            **self.view.stats(),
+        """Everything `shardfs stats` shows: the view's figures, the kernel's requests, and
+        those the native front answered."""
+        fuse: dict[str, Any] = {
+            "requests": dict(sorted(self.requests.items())),
+            "errors": dict(sorted(self.errors.items())),
         }
+        if self.front is not None:
+            fuse["front"] = self.front.stats()
+        elif self.front_off is not None:
+            fuse["front"] = {"off": self.front_off}
+        return {"uptime": time.time() - self.started, "fuse": fuse, **self.view.stats()}
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a core call inline if it needs no waiting I/O, else in a worker thread."""
@@ -543,6 +578,9 @@ class Operations(pyfuse3.Operations):
                         extents[ino] = attr.extent
                         if len(extents) > EXTENTS_KEPT:
                             del extents[next(iter(extents))]
+                    if self.front is not None:  # its other chunk files are the front's
+                        slot = (held[0] >> SHIFT) - 1
+                        self.front.fill(parent_inode, directory, found, held[0], slot)  # type: ignore[arg-type]
                     return self._entry(ino, attr)
             parent = self._node(parent_inode)
             if text == ".":
@@ -588,6 +626,8 @@ class Operations(pyfuse3.Operations):
         if len(self._leaves) >= DIRECTORIES_KEPT:
             self._leaves.clear()
         self._leaves[parent_inode] = (leaf, {None: self.inodes.epoch})
+        if self.front is not None:
+            self.front.directory(parent_inode, leaf)
 
     def _absent(self) -> pyfuse3.EntryAttributes:
         """A negative entry: the kernel remembers that the name does not exist for as

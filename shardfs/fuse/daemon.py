@@ -103,6 +103,13 @@ def serve(
     except BaseException:
         lock.release("the mount failed")
         raise
+    if operations.front is not None:
+        try:
+            operations.front.attach()
+        except OSError as e:  # (nothing is passed through it yet: pyfuse3 reads the device)
+            operations.without_front(f"it could not start: {e}")
+    if operations.front_off is not None:
+        log.info("the native front is off: %s", operations.front_off)
     signalled = False
 
     async def main() -> None:
@@ -155,6 +162,8 @@ def serve(
             # signal (or a crash of the loop) we must unmount ourselves.
             pyfuse3.close(unmount=signalled or mount_type(mountpoint) is not None)
             log.info("unmounted %s", mountpoint)
+            if operations.front is not None:
+                operations.front.stop()
             view.settle(SETTLE)
             if operations.versions is not None:
                 operations.versions.close()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import numpy as np
 import pyfuse3
@@ -123,6 +123,9 @@ class InodeTable:
         self._asked: set[int] = set()
         #: inodes of files unlinked or renamed over: they live on only in open files
         self._removed: set[int] = set()
+        #: the kernel's references to a slot counted elsewhere (the native front's lookups):
+        #: `shared(slot)` returns them, taken over, or 0 after dropping the slot there
+        self.shared: Callable[[int], int] | None = None
 
     def __len__(self) -> int:
         """Entries held (derived numbers that nothing claimed are not entries)."""
@@ -231,8 +234,16 @@ class InodeTable:
         if found is None or not self.versioned:
             return
         found.refs -= count
-        if found.refs <= 0:
+        if self._unheld(slot, found):
             self._let_go(slot, found)
+
+    def _unheld(self, slot: int, found: Slot) -> bool:
+        """Whether the kernel holds no number of `slot`: its count here, with the one kept
+        elsewhere (`shared`) taken over first (which, if there is none, drops the slot
+        there in the same step)."""
+        if found.refs <= 0 and self.shared is not None:
+            found.refs += self.shared(slot)
+        return found.refs <= 0
 
     def _let_go(self, slot: int, found: Slot) -> None:
         """The kernel holds no number of `slot`: its record goes, and its number waits in
@@ -252,7 +263,7 @@ class InodeTable:
         """Let go of the slots the kernel holds no number of (made for listed rows that
         were never sent), but those of `held` (rows still to be sent)."""
         for slot, found in list(self._slots.items()):
-            if found.refs <= 0 and slot not in held:
+            if slot not in held and self._unheld(slot, found):
                 self._let_go(slot, found)
 
     # -- the table ---------------------------------------------------------------------

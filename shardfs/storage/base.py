@@ -153,6 +153,11 @@ class Pin:
         """Another pin on the same version, to be closed on its own."""
         return Pin(self.storage, self.key, self.stat)
 
+    def duplicate(self) -> int | None:
+        """A descriptor of the version, of the caller's own (it closes it), if the pin holds
+        one and it still is that version: what the native front reads it with. None else."""
+        return None
+
     def advise(self, offset: int, length: int) -> None:
         """Hint that bytes [offset, offset + length) will be read soon: a store that can
         start fetching them without waiting (a local file: the kernel's read-ahead) does."""
@@ -337,6 +342,17 @@ class Storage(ABC):
     def descriptor_budget(self) -> int | None:
         """How many descriptors the pins of this store may hold open at once (a local
         file held open: see `Pin.keeps_version`); None where pins hold none."""
+        return None
+
+    def reserve_descriptors(self, count: int) -> int:
+        """Set aside up to `count` descriptors of the pins' budget for copies held outside
+        the store (the native front's); how many. 0 where pins hold none."""
+        return 0
+
+    def stat_path(self, key: str) -> str | None:
+        """The local path whose `lstat` gives `key`'s version as `version` does, for a
+        reader outside Python that checks versions itself (the native front); None where
+        versions are no local file's stat."""
         return None
 
     def append_in_progress(self, key: str, stat: Stat) -> int | None:

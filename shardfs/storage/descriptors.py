@@ -81,11 +81,19 @@ class DescriptorPool:
         #: descriptors closed for the budget, and opened again after that
         self.evicted = 0
         self.reopened = 0
+        #: descriptors of the process's budget held elsewhere (see `reserve`)
+        self.reserved = 0
 
     def limit(self) -> int:
-        """Descriptors it may hold: `budget()`, asked each time a descriptor is opened (the
-        daemon raises its limit after its source is opened)."""
-        return budget()
+        """Descriptors it may hold: `budget()` less what was reserved, asked each time a
+        descriptor is opened (the daemon raises its limit after its source is opened)."""
+        return budget() - self.reserved
+
+    def reserve(self, count: int) -> int:
+        """Set aside up to `count` descriptors of the budget for another holder (the native
+        front's copies of kept versions), leaving this pool at least half: how many."""
+        self.reserved = max(0, min(count, budget() // 2))
+        return self.reserved
 
     def __len__(self) -> int:
         """Descriptors open now."""

@@ -189,6 +189,21 @@ class _FilePin(Pin):
             self._watch = None
         self._watch = self._watched(stat)
 
+    def duplicate(self) -> int | None:
+        descriptor = self._held()
+        try:
+            fd = self._pool.acquire(descriptor)
+        except SourceChanged:
+            return None
+        try:
+            if _version(os.fstat(fd)) != self.stat.version:
+                return None  # changed in place: Python decides whether it still holds it
+            return os.dup(fd)
+        except OSError:
+            return None
+        finally:
+            self._pool.release(descriptor)
+
     def clone(self) -> _FilePin:
         descriptor = self._held()
         other = copy.copy(self)
@@ -394,6 +409,15 @@ class LocalStorage(Storage):
 
     def descriptor_budget(self) -> int:
         return self._descriptors.limit()
+
+    def reserve_descriptors(self, count: int) -> int:
+        return self._descriptors.reserve(count)
+
+    def stat_path(self, key: str) -> str | None:
+        try:
+            return self._path(key)
+        except NotFound:
+            return None
 
     def append_in_progress(self, key: str, stat: Stat) -> int | None:
         try:

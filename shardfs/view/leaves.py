@@ -23,6 +23,8 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Hashable
 
+import numpy as np
+
 from shardfs.primitives.errors import MissingChunk
 from shardfs.storage.base import Stat
 from shardfs.view.nodes import ArrayView, Attr, Extent
@@ -37,6 +39,9 @@ KEYS_KEPT = 1024
 #: array's grid (C order: what its inode number is made from), its attributes, and the
 #: versions of the objects they come from (document, shard) in that order.
 Found = tuple[ArrayView, tuple[int, ...], int, Attr, dict[str, Stat | None]]
+#: Chunk files of one shard version in one directory (`ChunkDirectory.shard_rows`): names,
+#: grid indices, offsets and lengths in the shard.
+Rows = tuple[list[bytes], list[int], list[int], list[int]]
 
 
 class ChunkDirectory:
@@ -99,6 +104,38 @@ class ChunkDirectory:
             self._local = tuple(c % n for c, n in zip(prefix, cps, strict=False))
             self._per_shard = cps[-1]
             self._base = _ravel(prefix, grid[:-1]) * grid[-1]
+
+    @property
+    def document(self) -> tuple[str, Stat]:
+        """The array's stored document, and the version this directory was made as of."""
+        return self._doc_key, self._doc
+
+    def shard_rows(self, found: Found) -> Rows | None:
+        """The chunk files of this directory stored in the shard, and its version, that
+        `found` (what `entry` found here) is stored in: their names, grid indices, offsets
+        and lengths, as the shard's index says; for a front end that answers their lookups
+        itself. None where names are decoded whole, chunks are not served as stored, or
+        the index is no longer cached."""
+        extent = found[3].extent
+        if self._limit is None or not self._as_stored or extent is None or self._shards.guard:
+            return None
+        table = self._shards.indexes.peek((extent.key, extent.stat.version))
+        k = found[2] - self._base
+        if table is None or table.stat is not extent.stat or table.end != table.stat.size:
+            return None
+        if not 0 <= k < self._limit:
+            return None
+        first = k - k % self._per_shard
+        stop = min(first + self._per_shard, self._limit)
+        entries = table.entries[self._local][: stop - first]
+        present = entries[:, 1] != EMPTY_NBYTES
+        ks = np.arange(first, stop)[present]
+        return (
+            [str(n).encode() for n in ks.tolist()],
+            (ks + self._base).tolist(),
+            entries[present, 0].tolist(),
+            entries[present, 1].tolist(),
+        )
 
     def entry(self, name: str) -> Found | None:
         """The chunk file `name` (MissingChunk if the array has no such chunk), or None

@@ -27,7 +27,8 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from typing import Protocol
 
 from shardfs.primitives.blocking import WouldBlock, may_block
 from shardfs.primitives.errors import ShardfsError
@@ -77,6 +78,18 @@ class Shown:
         self.extent = extent
 
 
+class KeptElsewhere(Protocol):
+    """Copies of kept versions held outside Python (the native front's), by (key, version)."""
+
+    def shown_at(self, key: str, version: Hashable) -> float:
+        """When the version was last shown there (`time.monotonic`), or 0."""
+        ...
+
+    def drop(self, key: str, version: Hashable) -> None:
+        """The version is let go: its copy must be too."""
+        ...
+
+
 class KernelVersions:
     """The shows of one mount, and the versions they keep readable. The shows belong to
     the event loop; the kept versions are also read from worker threads (under a lock)."""
@@ -108,6 +121,9 @@ class KernelVersions:
         #: the versions the latest call of `_keep` kept, and when (see `show`)
         self._last_kept: dict[str, Stat | None] = {}
         self._kept_at = 0.0
+        #: copies of kept versions held outside Python, which shows them too (the native
+        #: front): asked before a version is let go, and told when it is
+        self.elsewhere: KeptElsewhere | None = None
 
     def show(
         self,
@@ -269,17 +285,42 @@ class KernelVersions:
         at the next show. Touches only the kept versions: safe from any thread."""
         self._drop_kept(time.monotonic())
 
+    def lend(self, key: str, stat: Stat, take: Callable[[int], object]) -> bool:
+        """Hand `take` a descriptor of kept version `stat` of `key` (it owns it then) under
+        the lock that keeps the version from being let go meanwhile, so that whoever holds
+        the copy hears of the drop (`elsewhere`). False if it is not kept or has none."""
+        with self._lock:
+            found = self._kept.get((key, stat.version))
+            fd = None if found is None else found[0].duplicate()
+            if fd is None:
+                return False
+            take(fd)
+            return True
+
     def _drop_kept(self, now: float) -> None:
         deadline = now - self.lifetime
         dropped = []
+        elsewhere = self.elsewhere
         with self._lock:
-            while self._kept:
-                key, (pin, at) = next(iter(self._kept.items()))
-                if len(self._kept) <= self._versions and at > deadline:
+            kept = self._kept
+            asked = 0
+            while kept:
+                ident, (pin, at) = next(iter(kept.items()))
+                over = len(kept) > self._versions
+                if not over and at > deadline:
                     break
-                del self._kept[key]
-                dropped.append(pin)
-        for pin in dropped:  # a reader that cloned it holds the descriptor on
+                if not over and elsewhere is not None and asked < len(kept):
+                    asked += 1
+                    shown = elsewhere.shown_at(*ident)
+                    if shown > deadline:  # shown there since: kept as of that show
+                        kept.move_to_end(ident)
+                        kept[ident] = (pin, shown)
+                        continue
+                del kept[ident]
+                dropped.append((ident, pin))
+        for ident, pin in dropped:  # a reader that cloned it holds the descriptor on
+            if elsewhere is not None:
+                elsewhere.drop(*ident)
             pin.close()
 
     def _expire(self, now: float) -> None:

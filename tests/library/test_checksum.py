@@ -305,7 +305,7 @@ def test_tree_documents_and_json(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert json.loads((out / ".checksum").read_text())["digest"] == EIGHT_ROOT
     # A DIR with files in it is refused: stale documents would mislead.
     capsys.readouterr()
-    assert main(["checksum", str(eight), "--tree", str(out)]) == 1
+    assert main(["checksum", str(eight), "--tree", str(out)]) == 2
     assert "must be a new or empty directory" in capsys.readouterr().err
 
 
@@ -324,7 +324,7 @@ def test_bad_input_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str
 ) -> None:
     (tmp_path / "file").write_bytes(b"")
-    assert main(["checksum", *(a.format(tmp=tmp_path) for a in args)]) == 1
+    assert main(["checksum", *(a.format(tmp=tmp_path) for a in args)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
 

@@ -38,9 +38,12 @@ import contextlib
 import ctypes
 import errno
 import functools
+import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -62,6 +65,7 @@ from hypothesis.stateful import (
 )
 
 from shardfs.fuse.adapter import INODE_AS_FH
+from shardfs.fuse.kernel_served.front import unavailable
 from tests.conftest import Mounted
 from tests.support.shard_model import KINDS, Layout, Source, judge
 
@@ -107,6 +111,9 @@ STEPS = 25
 #: Seconds the searches may start in (a search runs at most 30 examples, so the test
 #: ends within about 40 s more, shrinking included).
 BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS", "110"))
+#: The seconds of the search without the native front (its rules are those the front's
+#: rows follow, searched with the front on for `BUDGET`).
+WITHOUT_FRONT_BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS_WITHOUT_FRONT", "40"))
 #: The plain variant's seconds, and examples a search.
 PLAIN_BUDGET, PLAIN_EXAMPLES = 20, 20
 SOAK = float(os.environ.get("SHARDFS_SOAK_SECONDS", "0"))
@@ -561,6 +568,15 @@ class KernelModel(RuleBasedStateMachine):
 # -- the searches ------------------------------------------------------------------------
 
 
+def stats(mountpoint: Path) -> dict:
+    """The figures of `shardfs stats --json` of a mount."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shardfs", "stats", str(mountpoint), "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout)
+
+
 def leaves(e: BaseException) -> list[BaseException]:
     if isinstance(e, BaseExceptionGroup):
         return [leaf for sub in e.exceptions for leaf in leaves(sub)]
@@ -635,21 +651,31 @@ def report(run: Run, findings: list[tuple[str, str]], started: float) -> str:
 
 @pytest.mark.fuse
 @pytest.mark.skipif(not INODE_AS_FH, reason="this pyfuse3 lacks the patch in patches/")
-def test_model_kernel_served(tmp_path: Path, mount: Callable[..., Mounted]) -> None:
+@pytest.mark.parametrize("front", ["yes", "no"])
+def test_model_kernel_served(tmp_path: Path, mount: Callable[..., Mounted], front: str) -> None:
     """Random interleavings of reads, listings and source changes on a kernel-served
-    mount: every pass gives one version, whole, or EIO."""
+    mount: every pass gives one version, whole, or EIO; with the native front answering
+    what it can, and without it (a shorter search: the front's rows are what is new)."""
+    if front == "yes" and unavailable() is not None:
+        pytest.skip(f"the native front cannot run here: {unavailable()}")
     started = time.monotonic()
     source = tmp_path / "src"
     zarr.create_group(source)
     make_templates(tmp_path / "templates")
-    mounted = mount(source, "ro", "cache_timeout=30")
-    run = Run(source, mounted.path, tmp_path / "templates", False, started + (SOAK or BUDGET))
+    mounted = mount(source, "ro", "cache_timeout=30", f"front={front}")
+    budget = SOAK or (BUDGET if front == "yes" else WITHOUT_FRONT_BUDGET)
+    run = Run(source, mounted.path, tmp_path / "templates", False, started + budget)
     findings = search(run)
     summary = report(run, findings, started)
     print(summary)
     assert mounted.process.poll() is None, mounted.log()
     assert "Traceback" not in mounted.log(), mounted.log()
     assert not findings and not run.first_seen, summary
+    answered = stats(mounted.path)["fuse"].get("front", {}).get("answered", {})
+    if front == "yes":  # the search went through the front, not around it
+        assert answered.get("lookup", 0) > 0 and answered.get("read", 0) > 0, answered
+    else:
+        assert not answered, answered
 
 
 def test_model_plain_directory(tmp_path: Path) -> None:

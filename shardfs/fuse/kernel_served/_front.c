@@ -1,0 +1,1063 @@
+/*
+ * _front.c - the native front of a kernel-served mount (see docs/design.md, "The native
+ * front").
+ *
+ * A thread that reads /dev/fuse itself and answers, from tables that Python filled, the
+ * requests a first read of a chunk file costs: LOOKUP of a chunk file in a prepared
+ * directory, GETATTR and READ of a chunk file's node id. It passes every other request,
+ * and every one the tables cannot vouch for, to pyfuse3's loop unchanged, one per message
+ * of a SOCK_SEQPACKET socket (pyfuse3 patched: patches/pyfuse3-3.5.0-front-channel.patch);
+ * replies go to the device from both sides. Python stays the only decider: a row here is
+ * what Python's lookup found for one version of a shard, and the front answers with it
+ * only while a stat of the source finds that version (and the array's document at the
+ * version the row was made under). Whatever else is true, the request goes to Python.
+ *
+ * Node ids follow InodeTable's rule (one node id, one version): a row's node id is its
+ * slot's, which Python made for exactly that version. The kernel's references to a slot
+ * are counted on both sides: lookups answered here count here, the rest in Python.
+ * FORGET goes to Python, which takes this side's count over when its own reaches zero,
+ * and drops the slot's rows here in the same step (`retire`), under the tables' lock, so
+ * that no lookup can hand out a node id of a slot that is being let go.
+ *
+ * Reads are served from a descriptor of the version, duplicated from the one Python
+ * keeps, with preadv2(RWF_NOWAIT): page-cache hits only, so that no disk read stalls the
+ * requests behind it. A miss, a short read, or a file that a fstat after the read finds
+ * changed goes to Python, which reads it (or fails with EIO, the version being gone).
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef RWF_NOWAIT
+#define RWF_NOWAIT 0x00000008
+#endif
+
+/* The biggest request the kernel sends: max_write (1 MiB at most, max_pages 256) plus a
+   page for headers; a read buffer smaller than the connection's max_write is refused. */
+#define REQUEST_BUFFER ((1 << 20) + 4096 * 2)
+/* The biggest reply of a READ this front makes (max_read: 1 MiB at most). */
+#define READ_BUFFER (1 << 20)
+/* A forwarded BATCH_FORGET is cut into messages of at most this many entries: a socket's
+   biggest message is its send buffer, which an ordinary user cannot raise past wmem_max. */
+#define FORGETS_PER_MESSAGE 2048
+/* Rows at most (about 120 bytes each with their names): beyond, fills are refused and
+   Python serves the rest. */
+#define ROWS_MAX (1 << 20)
+/* Prepared directories at most: beyond, all of them are dropped. (Kept versions, each a
+   descriptor, are bounded by the caller: `kept_max`.) */
+#define DIRS_MAX 4096
+
+typedef struct {
+    uint64_t dev, ino, size;
+    int64_t mtime_ns, ctime_ns;
+} version_t;
+
+/* One shard version Python keeps readable, with a descriptor of its own. */
+struct kept {
+    struct kept *next;
+    uint64_t id;
+    int fd; /* -1 once dropped: reads go to Python */
+    char *path;
+    version_t v;
+    double shown_at;
+    uint64_t rows;
+};
+
+/* A prepared directory (by node id) and the version of its array's document. */
+struct dir {
+    struct dir *next;
+    uint64_t nodeid;
+    char *doc_path;
+    version_t doc;
+    struct row *current; /* its rows in the name table (next_in_dir) */
+};
+
+/* A slot (one version of an array's chunks stored in one shard): the kernel's references
+   counted here, and its rows. */
+struct slot {
+    struct slot *next;
+    uint64_t slot;
+    uint64_t refs;
+    struct row *rows; /* next_in_slot */
+};
+
+struct row {
+    struct row *next_name, *next_node, *next_in_slot, *next_in_dir;
+    uint64_t parent, nodeid, name_hash;
+    struct kept *kept;
+    struct slot *slot;
+    uint64_t offset, length;
+    int64_t mtime_ns;
+    uint32_t mode, uid, gid;
+    int in_names;
+    uint16_t namelen;
+    char name[];
+};
+
+/* Chained hash tables keyed by 64-bit numbers; each holds its items' `next` link at the
+   offset given. */
+typedef struct {
+    void **buckets;
+    size_t size, count, link;
+} table_t;
+
+static void **link_of(table_t *t, void *item) { return (void **)((char *)item + t->link); }
+
+static int table_init(table_t *t, size_t link)
+{
+    t->size = 1024;
+    t->count = 0;
+    t->link = link;
+    t->buckets = calloc(t->size, sizeof(void *));
+    return t->buckets ? 0 : -1;
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+typedef uint64_t (*key_fn)(void *);
+
+static void table_grow(table_t *t, key_fn key)
+{
+    size_t size = t->size * 2;
+    void **buckets = calloc(size, sizeof(void *));
+    if (!buckets)
+        return; /* stays slower, still right */
+    for (size_t i = 0; i < t->size; i++) {
+        void *item = t->buckets[i];
+        while (item) {
+            void *next = *link_of(t, item);
+            size_t b = mix(key(item)) & (size - 1);
+            *link_of(t, item) = buckets[b];
+            buckets[b] = item;
+            item = next;
+        }
+    }
+    free(t->buckets);
+    t->buckets = buckets;
+    t->size = size;
+}
+
+static void table_put(table_t *t, void *item, key_fn key)
+{
+    if (t->count >= t->size)
+        table_grow(t, key);
+    size_t b = mix(key(item)) & (t->size - 1);
+    *link_of(t, item) = t->buckets[b];
+    t->buckets[b] = item;
+    t->count++;
+}
+
+static void table_remove(table_t *t, void *item, key_fn key)
+{
+    void **at = &t->buckets[mix(key(item)) & (t->size - 1)];
+    while (*at) {
+        if (*at == item) {
+            *at = *link_of(t, item);
+            t->count--;
+            return;
+        }
+        at = link_of(t, *at);
+    }
+}
+
+static void *table_first(table_t *t, uint64_t k) { return t->buckets[mix(k) & (t->size - 1)]; }
+
+static uint64_t kept_key(void *p) { return ((struct kept *)p)->id; }
+static uint64_t dir_key(void *p) { return ((struct dir *)p)->nodeid; }
+static uint64_t slot_key(void *p) { return ((struct slot *)p)->slot; }
+static uint64_t node_key(void *p) { return ((struct row *)p)->nodeid; }
+static uint64_t name_key(void *p) { return ((struct row *)p)->name_hash; }
+
+static uint64_t name_hash(uint64_t parent, const char *name, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ULL ^ parent;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)name[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+enum { K_LOOKUP, K_GETATTR, K_READ, K_IOCTL, K_OTHER, KINDS };
+static const char *kind_names[KINDS] = {"lookup", "getattr", "read", "ioctl", "other"};
+/* Requests passed on are counted by opcode (those beyond OPCODES as the last). */
+#define OPCODES 64
+
+static const char *opcode_name(int op)
+{
+    switch (op) {
+    case FUSE_LOOKUP: return "lookup";
+    case FUSE_FORGET: return "forget";
+    case FUSE_GETATTR: return "getattr";
+    case FUSE_READLINK: return "readlink";
+    case FUSE_OPEN: return "open";
+    case FUSE_READ: return "read";
+    case FUSE_STATFS: return "statfs";
+    case FUSE_RELEASE: return "release";
+    case FUSE_GETXATTR: return "getxattr";
+    case FUSE_LISTXATTR: return "listxattr";
+    case FUSE_FLUSH: return "flush";
+    case FUSE_INIT: return "init";
+    case FUSE_OPENDIR: return "opendir";
+    case FUSE_READDIR: return "readdir";
+    case FUSE_RELEASEDIR: return "releasedir";
+    case FUSE_ACCESS: return "access";
+    case FUSE_INTERRUPT: return "interrupt";
+    case FUSE_DESTROY: return "destroy";
+    case FUSE_BATCH_FORGET: return "batch_forget";
+    case FUSE_READDIRPLUS: return "readdirplus";
+    case FUSE_LSEEK: return "lseek";
+    default: return NULL;
+    }
+}
+enum { M_NO_ROW, M_CHANGED, M_NOT_CACHED, M_DROPPED, M_ERROR, MISSES };
+static const char *miss_names[MISSES] = {"no row", "changed", "not cached", "dropped", "error"};
+
+typedef struct {
+    PyObject_HEAD
+    int dev;     /* our own duplicate of the session's /dev/fuse descriptor */
+    int ours;    /* the front's end of the channel */
+    int theirs;  /* pyfuse3's end */
+    pthread_t thread;
+    int started, running;
+    pthread_mutex_t lock;
+    table_t kept, dirs, slots, nodes, names;
+    uint64_t rows;
+    size_t kept_max;
+    uint64_t timeout_s;
+    uint32_t timeout_ns;
+    int minor; /* of the kernel's INIT: 0 until seen */
+    uint64_t answered[KINDS];
+    uint64_t passed[OPCODES];
+    uint64_t misses[MISSES];
+    char *request, *reply;
+} Front;
+
+static double monotonic(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int same_version(const struct stat *st, const version_t *v)
+{
+    return (uint64_t)st->st_dev == v->dev && (uint64_t)st->st_ino == v->ino
+        && (uint64_t)st->st_size == v->size
+        && (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec == v->mtime_ns
+        && (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec == v->ctime_ns
+        && S_ISREG(st->st_mode);
+}
+
+/* Whether the file at `path` is exactly version `v` now (symlinks are not followed: they
+   are not part of a source). */
+static int still(const char *path, const version_t *v)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 && same_version(&st, v);
+}
+
+static void send_reply(Front *f, uint64_t unique, int error, const void *body, size_t len)
+{
+    struct fuse_out_header out = {.len = sizeof(out) + len, .error = error, .unique = unique};
+    struct iovec iov[2] = {{&out, sizeof(out)}, {(void *)body, len}};
+    /* ENOENT: the request was interrupted meanwhile; nothing else can be done either way */
+    (void)!writev(f->dev, iov, len ? 2 : 1);
+}
+
+static void fill_attr(struct fuse_attr *a, const struct row *r)
+{
+    memset(a, 0, sizeof(*a));
+    a->ino = r->nodeid;
+    a->size = r->length;
+    a->blocks = (r->length + 511) / 512;
+    a->atime = a->mtime = a->ctime = r->mtime_ns / 1000000000;
+    a->atimensec = a->mtimensec = a->ctimensec = r->mtime_ns % 1000000000;
+    a->mode = r->mode;
+    a->nlink = 1;
+    a->uid = r->uid;
+    a->gid = r->gid;
+    a->blksize = 65536;
+}
+
+static struct row *row_by_node(Front *f, uint64_t nodeid)
+{
+    for (struct row *r = table_first(&f->nodes, nodeid); r; r = r->next_node)
+        if (r->nodeid == nodeid)
+            return r;
+    return NULL;
+}
+
+static struct row *row_by_name(Front *f, uint64_t parent, const char *name, size_t len)
+{
+    uint64_t h = name_hash(parent, name, len);
+    for (struct row *r = table_first(&f->names, h); r; r = r->next_name)
+        if (r->name_hash == h && r->parent == parent && r->namelen == len
+            && memcmp(r->name, name, len) == 0)
+            return r;
+    return NULL;
+}
+
+static struct dir *dir_by_node(Front *f, uint64_t nodeid)
+{
+    for (struct dir *d = table_first(&f->dirs, nodeid); d; d = d->next)
+        if (d->nodeid == nodeid)
+            return d;
+    return NULL;
+}
+
+static struct kept *kept_by_id(Front *f, uint64_t id)
+{
+    for (struct kept *k = table_first(&f->kept, id); k; k = k->next)
+        if (k->id == id)
+            return k;
+    return NULL;
+}
+
+static struct slot *slot_by_number(Front *f, uint64_t n)
+{
+    for (struct slot *s = table_first(&f->slots, n); s; s = s->next)
+        if (s->slot == n)
+            return s;
+    return NULL;
+}
+
+/* Take a row out of the name table (a newer version's row, or its directory, replaces it). */
+static void unname(Front *f, struct row *r)
+{
+    if (!r->in_names)
+        return;
+    table_remove(&f->names, r, name_key);
+    r->in_names = 0;
+}
+
+/* Unlink `r` from its directory's list of named rows. */
+static void undir(Front *f, struct row *r)
+{
+    struct dir *d = dir_by_node(f, r->parent);
+    if (!d)
+        return;
+    for (struct row **at = &d->current; *at; at = &(*at)->next_in_dir)
+        if (*at == r) {
+            *at = r->next_in_dir;
+            return;
+        }
+}
+
+static void drop_dir(Front *f, struct dir *d)
+{
+    for (struct row *r = d->current; r; r = r->next_in_dir)
+        unname(f, r);
+    table_remove(&f->dirs, d, dir_key);
+    free(d->doc_path);
+    free(d);
+}
+
+static void release_kept(Front *f, struct kept *k)
+{
+    if (--k->rows || k->fd >= 0)
+        return;
+    table_remove(&f->kept, k, kept_key);
+    free(k->path);
+    free(k);
+}
+
+/* -- answering ------------------------------------------------------------------------ */
+
+static int answer_lookup(Front *f, struct fuse_in_header *in, const char *name, size_t len)
+{
+    struct dir *d = dir_by_node(f, in->nodeid);
+    if (!d)
+        return 0;
+    struct row *r = row_by_name(f, in->nodeid, name, len);
+    if (!r) {
+        f->misses[M_NO_ROW]++;
+        return 0;
+    }
+    struct kept *k = r->kept;
+    if (k->fd < 0) {
+        f->misses[M_DROPPED]++;
+        return 0;
+    }
+    if (!still(d->doc_path, &d->doc) || !still(k->path, &k->v)) {
+        f->misses[M_CHANGED]++;
+        return 0;
+    }
+    struct fuse_entry_out e = {
+        .nodeid = r->nodeid,
+        .entry_valid = f->timeout_s,
+        .attr_valid = f->timeout_s,
+        .entry_valid_nsec = f->timeout_ns,
+        .attr_valid_nsec = f->timeout_ns,
+    };
+    fill_attr(&e.attr, r);
+    r->slot->refs++; /* before the reply: the kernel holds it from then on */
+    k->shown_at = monotonic();
+    send_reply(f, in->unique, 0, &e, sizeof(e));
+    return 1;
+}
+
+static int answer_getattr(Front *f, struct fuse_in_header *in)
+{
+    struct row *r = row_by_node(f, in->nodeid);
+    if (!r)
+        return 0;
+    /* A node id names one version: its attributes never change. */
+    struct fuse_attr_out a = {.attr_valid = f->timeout_s, .attr_valid_nsec = f->timeout_ns};
+    fill_attr(&a.attr, r);
+    send_reply(f, in->unique, 0, &a, sizeof(a));
+    return 1;
+}
+
+static int answer_read(Front *f, struct fuse_in_header *in, const struct fuse_read_in *rd)
+{
+    struct row *r = row_by_node(f, in->nodeid);
+    if (!r)
+        return 0;
+    struct kept *k = r->kept;
+    if (k->fd < 0) {
+        f->misses[M_DROPPED]++;
+        return 0;
+    }
+    size_t want = 0;
+    if (rd->offset < r->length) {
+        want = r->length - rd->offset;
+        if (want > rd->size)
+            want = rd->size;
+        if (want > READ_BUFFER)
+            return 0;
+    }
+    if (want) {
+        struct iovec iov = {f->reply, want};
+        ssize_t got = preadv2(k->fd, &iov, 1, (off_t)(r->offset + rd->offset), RWF_NOWAIT);
+        if (got != (ssize_t)want) {
+            f->misses[got < 0 && errno == EAGAIN ? M_NOT_CACHED : M_ERROR]++;
+            return 0;
+        }
+        /* Checked after the read, so that a change during it is seen too (as Python's
+           pins do); a changed file goes to Python, which knows whether it still holds
+           the version's bytes. */
+        struct stat st;
+        if (fstat(k->fd, &st) != 0 || !same_version(&st, &k->v)) {
+            f->misses[M_CHANGED]++;
+            return 0;
+        }
+    }
+    send_reply(f, in->unique, 0, f->reply, want);
+    return 1;
+}
+
+/* Whether the front answered `in` itself; under the tables' lock. */
+static int answer(Front *f, struct fuse_in_header *in, size_t n, int *kind)
+{
+    const char *body = (const char *)(in + 1);
+    size_t body_len = n - sizeof(*in);
+    switch (in->opcode) {
+    case FUSE_LOOKUP: {
+        *kind = K_LOOKUP;
+        size_t len = strnlen(body, body_len);
+        return len < body_len && answer_lookup(f, in, body, len);
+    }
+    case FUSE_GETATTR:
+        *kind = K_GETATTR;
+        return answer_getattr(f, in);
+    case FUSE_READ:
+        *kind = K_READ;
+        return body_len >= sizeof(struct fuse_read_in)
+            && answer_read(f, in, (const struct fuse_read_in *)body);
+    case FUSE_IOCTL:
+        /* What libfuse answers for pyfuse3, which implements no ioctl; every open of a
+           file by Python's io.open asks one (isatty), and the kernel does not remember. */
+        *kind = K_IOCTL;
+        send_reply(f, in->unique, -ENOSYS, NULL, 0);
+        return 1;
+    default:
+        *kind = K_OTHER;
+        return 0;
+    }
+}
+
+/* Pass a request on to pyfuse3, a big BATCH_FORGET in pieces. 0, or -1 if the channel
+   is gone. */
+static int forward(Front *f, char *buf, size_t n)
+{
+    struct fuse_in_header *in = (struct fuse_in_header *)buf;
+    size_t head = sizeof(*in) + sizeof(struct fuse_batch_forget_in);
+    if (in->opcode == FUSE_BATCH_FORGET && n >= head) {
+        struct fuse_batch_forget_in *b = (struct fuse_batch_forget_in *)(in + 1);
+        uint32_t count = b->count;
+        if ((n - head) / sizeof(struct fuse_forget_one) < count)
+            count = (n - head) / sizeof(struct fuse_forget_one);
+        struct fuse_forget_one *items = (struct fuse_forget_one *)(buf + head);
+        for (uint32_t done = 0; done < count || done == 0;) {
+            uint32_t part = count - done < FORGETS_PER_MESSAGE ? count - done : FORGETS_PER_MESSAGE;
+            struct fuse_in_header h = *in;
+            struct fuse_batch_forget_in bh = {.count = part};
+            h.len = head + part * sizeof(struct fuse_forget_one);
+            struct iovec iov[3] = {{&h, sizeof(h)}, {&bh, sizeof(bh)},
+                                   {items + done, part * sizeof(struct fuse_forget_one)}};
+            struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 3};
+            while (sendmsg(f->ours, &msg, MSG_NOSIGNAL) < 0)
+                if (errno != EINTR)
+                    return -1;
+            done += part;
+            if (!count)
+                break;
+        }
+        return 0;
+    }
+    while (send(f->ours, buf, n, MSG_NOSIGNAL) < 0) {
+        if (errno == EINTR)
+            continue;
+        if (errno == EMSGSIZE) {
+            send_reply(f, in->unique, -EIO, NULL, 0);
+            return 0;
+        }
+        return -1;
+    }
+    return 0;
+}
+
+static void *serve(void *arg)
+{
+    Front *f = arg;
+    for (;;) {
+        ssize_t n = read(f->dev, f->request, REQUEST_BUFFER);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == ENOENT)
+                continue; /* ENOENT: a request interrupted before it was read */
+            break;        /* ENODEV: unmounted */
+        }
+        if ((size_t)n < sizeof(struct fuse_in_header))
+            continue;
+        struct fuse_in_header *in = (struct fuse_in_header *)f->request;
+        int kind = K_OTHER, done = 0;
+        if (in->opcode == FUSE_INIT && (size_t)n >= sizeof(*in) + 8) {
+            uint32_t major_minor[2];
+            memcpy(major_minor, in + 1, 8);
+            /* the structures answered here are those of 7.9 on */
+            f->minor = major_minor[0] == 7 && major_minor[1] >= 9 ? (int)major_minor[1] : -1;
+        } else if (f->minor > 0) {
+            pthread_mutex_lock(&f->lock);
+            done = answer(f, in, (size_t)n, &kind);
+            if (done)
+                f->answered[kind]++;
+            else
+                f->passed[in->opcode < OPCODES ? in->opcode : OPCODES - 1]++;
+            pthread_mutex_unlock(&f->lock);
+        }
+        if (!done && forward(f, f->request, (size_t)n) < 0)
+            break;
+    }
+    /* pyfuse3 reads the end of the channel as the device's unmount */
+    shutdown(f->ours, SHUT_RDWR);
+    __atomic_store_n(&f->running, 0, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* -- the Python type ---------------------------------------------------------------- */
+
+static int parse_version(PyObject *t, version_t *v)
+{
+    unsigned long long dev, ino, size;
+    long long mtime, ctime;
+    if (!PyArg_ParseTuple(t, "KKKLL", &dev, &ino, &size, &mtime, &ctime))
+        return -1;
+    *v = (version_t){dev, ino, size, mtime, ctime};
+    return 0;
+}
+
+static void Front_dealloc(Front *f)
+{
+    /* The thread must have ended (`stop`); a front never started owns only memory. */
+    if (!f->started || !f->running) {
+        for (size_t i = 0; f->nodes.buckets && i < f->nodes.size; i++) {
+            struct row *r = f->nodes.buckets[i];
+            while (r) {
+                struct row *next = r->next_node;
+                free(r);
+                r = next;
+            }
+        }
+        for (size_t i = 0; f->slots.buckets && i < f->slots.size; i++) {
+            struct slot *s = f->slots.buckets[i];
+            while (s) {
+                struct slot *next = s->next;
+                free(s);
+                s = next;
+            }
+        }
+        for (size_t i = 0; f->dirs.buckets && i < f->dirs.size; i++) {
+            struct dir *d = f->dirs.buckets[i];
+            while (d) {
+                struct dir *next = d->next;
+                free(d->doc_path);
+                free(d);
+                d = next;
+            }
+        }
+        for (size_t i = 0; f->kept.buckets && i < f->kept.size; i++) {
+            struct kept *k = f->kept.buckets[i];
+            while (k) {
+                struct kept *next = k->next;
+                if (k->fd >= 0)
+                    close(k->fd);
+                free(k->path);
+                free(k);
+                k = next;
+            }
+        }
+        free(f->kept.buckets);
+        free(f->dirs.buckets);
+        free(f->slots.buckets);
+        free(f->nodes.buckets);
+        free(f->names.buckets);
+        free(f->request);
+        free(f->reply);
+        if (f->dev >= 0)
+            close(f->dev);
+        if (f->ours >= 0)
+            close(f->ours);
+        if (f->theirs >= 0)
+            close(f->theirs);
+        pthread_mutex_destroy(&f->lock);
+    }
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static int Front_init(Front *f, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"device", "timeout", "kept_max", NULL};
+    int device;
+    double timeout;
+    Py_ssize_t kept_max;
+    f->dev = f->ours = f->theirs = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "idn", kw, &device, &timeout, &kept_max))
+        return -1;
+    if (kept_max < 0) {
+        PyErr_SetString(PyExc_ValueError, "kept_max < 0");
+        return -1;
+    }
+    f->kept_max = kept_max;
+    if (timeout < 0 || timeout > 1e9) {
+        PyErr_SetString(PyExc_ValueError, "timeout out of range");
+        return -1;
+    }
+    f->timeout_s = (uint64_t)timeout;
+    f->timeout_ns = (uint32_t)((timeout - (double)f->timeout_s) * 1e9);
+    pthread_mutex_init(&f->lock, NULL);
+    if (table_init(&f->kept, offsetof(struct kept, next)) || table_init(&f->dirs, offsetof(struct dir, next))
+        || table_init(&f->slots, offsetof(struct slot, next))
+        || table_init(&f->nodes, offsetof(struct row, next_node))
+        || table_init(&f->names, offsetof(struct row, next_name))
+        || !(f->request = malloc(REQUEST_BUFFER)) || !(f->reply = malloc(READ_BUFFER))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int pair[2];
+    f->dev = fcntl(device, F_DUPFD_CLOEXEC, 3);
+    if (f->dev < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    f->ours = pair[0];
+    f->theirs = pair[1];
+    /* The device's descriptor may be non-blocking (pyfuse3 polls it): the thread blocks. */
+    int flags = fcntl(f->dev, F_GETFL);
+    if (flags >= 0)
+        fcntl(f->dev, F_SETFL, flags & ~O_NONBLOCK);
+    return 0;
+}
+
+static PyObject *Front_start(Front *f, PyObject *unused)
+{
+    if (f->started) {
+        PyErr_SetString(PyExc_RuntimeError, "the front is started already");
+        return NULL;
+    }
+    f->running = 1;
+    int e = pthread_create(&f->thread, NULL, serve, f);
+    if (e) {
+        f->running = 0;
+        errno = e;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    f->started = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Front_stop(Front *f, PyObject *unused)
+{
+    /* After the unmount: the thread's read of the device then fails (ENODEV). If the
+       unmount failed, the thread is left to end with the process. */
+    if (f->started) {
+        struct timespec until;
+        int e;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 5;
+        Py_BEGIN_ALLOW_THREADS
+        e = pthread_timedjoin_np(f->thread, NULL, &until);
+        Py_END_ALLOW_THREADS
+        if (e)
+            Py_RETURN_FALSE;
+        f->started = 0;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Front_directory(Front *f, PyObject *args)
+{
+    unsigned long long nodeid;
+    PyObject *path, *version;
+    version_t v;
+    if (!PyArg_ParseTuple(args, "KO!O!", &nodeid, &PyBytes_Type, &path, &PyTuple_Type, &version)
+        || parse_version(version, &v) < 0)
+        return NULL;
+    char *doc = strdup(PyBytes_AS_STRING(path));
+    struct dir *d = calloc(1, sizeof(*d));
+    if (!doc || !d) {
+        free(doc);
+        free(d);
+        return PyErr_NoMemory();
+    }
+    d->nodeid = nodeid;
+    d->doc_path = doc;
+    d->doc = v;
+    pthread_mutex_lock(&f->lock);
+    struct dir *old = dir_by_node(f, nodeid);
+    if (old)
+        drop_dir(f, old);
+    else if (f->dirs.count >= DIRS_MAX) {
+        for (size_t i = 0; i < f->dirs.size; i++)
+            while (f->dirs.buckets[i])
+                drop_dir(f, f->dirs.buckets[i]);
+    }
+    table_put(&f->dirs, d, dir_key);
+    pthread_mutex_unlock(&f->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Front_keep(Front *f, PyObject *args)
+{
+    unsigned long long id;
+    int fd;
+    PyObject *path, *version;
+    version_t v;
+    if (!PyArg_ParseTuple(args, "KiO!O!", &id, &fd, &PyBytes_Type, &path, &PyTuple_Type, &version)
+        || parse_version(version, &v) < 0)
+        return NULL;
+    pthread_mutex_lock(&f->lock);
+    struct kept *k = kept_by_id(f, id);
+    int known = k != NULL, usable = k && k->fd >= 0, refused = !k && f->kept.count >= f->kept_max;
+    pthread_mutex_unlock(&f->lock);
+    if (known || refused) {
+        close(fd);
+        return PyBool_FromLong(usable);
+    }
+    k = calloc(1, sizeof(*k));
+    char *p = strdup(PyBytes_AS_STRING(path));
+    if (!k || !p) {
+        free(k);
+        free(p);
+        close(fd);
+        Py_RETURN_FALSE;
+    }
+    *k = (struct kept){.id = id, .fd = fd, .path = p, .v = v, .shown_at = monotonic()};
+    pthread_mutex_lock(&f->lock);
+    table_put(&f->kept, k, kept_key);
+    pthread_mutex_unlock(&f->lock);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Front_fill(Front *f, PyObject *args)
+{
+    unsigned long long parent, kid, slot, mode, uid, gid;
+    long long mtime;
+    PyObject *names, *nodeids, *offsets, *lengths;
+    if (!PyArg_ParseTuple(args, "KKKO!O!O!O!LKKK", &parent, &kid, &slot, &PyList_Type, &names,
+                          &PyList_Type, &nodeids, &PyList_Type, &offsets, &PyList_Type, &lengths,
+                          &mtime, &mode, &uid, &gid))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(names);
+    if (PyList_GET_SIZE(nodeids) != n || PyList_GET_SIZE(offsets) != n
+        || PyList_GET_SIZE(lengths) != n) {
+        PyErr_SetString(PyExc_ValueError, "rows of different lengths");
+        return NULL;
+    }
+    /* Made outside the lock, then linked in under it. */
+    struct row **rows = calloc(n ? n : 1, sizeof(*rows));
+    if (!rows)
+        return PyErr_NoMemory();
+    Py_ssize_t made = 0;
+    for (; made < n; made++) {
+        PyObject *name = PyList_GET_ITEM(names, made);
+        if (!PyBytes_Check(name) || PyBytes_GET_SIZE(name) > 1024) {
+            PyErr_SetString(PyExc_ValueError, "a name is not bytes, or too long");
+            goto fail;
+        }
+        size_t len = PyBytes_GET_SIZE(name);
+        struct row *r = calloc(1, sizeof(*r) + len);
+        if (!r) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        rows[made] = r;
+        r->parent = parent;
+        r->nodeid = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(nodeids, made));
+        r->offset = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(offsets, made));
+        r->length = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(lengths, made));
+        if (PyErr_Occurred())
+            goto fail;
+        r->mtime_ns = mtime;
+        r->mode = mode;
+        r->uid = uid;
+        r->gid = gid;
+        r->namelen = len;
+        memcpy(r->name, PyBytes_AS_STRING(name), len);
+        r->name_hash = name_hash(parent, r->name, len);
+    }
+    pthread_mutex_lock(&f->lock);
+    struct dir *d = dir_by_node(f, parent);
+    struct kept *k = kept_by_id(f, kid);
+    struct slot *s = slot_by_number(f, slot);
+    Py_ssize_t added = 0;
+    if (d && k && k->fd >= 0 && f->rows + n <= ROWS_MAX) {
+        if (!s && (s = calloc(1, sizeof(*s)))) {
+            s->slot = slot;
+            table_put(&f->slots, s, slot_key);
+        }
+        for (Py_ssize_t i = 0; s && i < n; i++) {
+            struct row *r = rows[i];
+            if (row_by_node(f, r->nodeid))
+                continue; /* filled before: the same version's row */
+            struct row *old = row_by_name(f, parent, r->name, r->namelen);
+            if (old) {
+                unname(f, old);
+                undir(f, old);
+            }
+            r->kept = k;
+            r->slot = s;
+            k->rows++;
+            r->next_in_slot = s->rows;
+            s->rows = r;
+            r->next_in_dir = d->current;
+            d->current = r;
+            table_put(&f->nodes, r, node_key);
+            table_put(&f->names, r, name_key);
+            r->in_names = 1;
+            rows[i] = NULL;
+            added++;
+        }
+        f->rows += added;
+    }
+    pthread_mutex_unlock(&f->lock);
+    for (Py_ssize_t i = 0; i < n; i++)
+        free(rows[i]);
+    free(rows);
+    return PyLong_FromSsize_t(added);
+fail:
+    for (Py_ssize_t i = 0; i < n; i++)
+        free(rows[i]);
+    free(rows);
+    return NULL;
+}
+
+static PyObject *Front_retire(Front *f, PyObject *arg)
+{
+    unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    uint64_t refs = 0;
+    struct row *rows = NULL;
+    pthread_mutex_lock(&f->lock);
+    struct slot *s = slot_by_number(f, n);
+    if (s && s->refs) {
+        refs = s->refs; /* taken over by Python: the slot stays */
+        s->refs = 0;
+    } else if (s) {
+        rows = s->rows;
+        for (struct row *r = rows; r; r = r->next_in_slot) {
+            unname(f, r);
+            undir(f, r);
+            table_remove(&f->nodes, r, node_key);
+            f->rows--;
+            release_kept(f, r->kept);
+        }
+        table_remove(&f->slots, s, slot_key);
+        free(s);
+    }
+    pthread_mutex_unlock(&f->lock);
+    while (rows) {
+        struct row *next = rows->next_in_slot;
+        free(rows);
+        rows = next;
+    }
+    return PyLong_FromUnsignedLongLong(refs);
+}
+
+static PyObject *Front_shown_at(Front *f, PyObject *arg)
+{
+    unsigned long long id = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    pthread_mutex_lock(&f->lock);
+    struct kept *k = kept_by_id(f, id);
+    double at = k && k->fd >= 0 ? k->shown_at : 0.0;
+    pthread_mutex_unlock(&f->lock);
+    return PyFloat_FromDouble(at);
+}
+
+static PyObject *Front_drop(Front *f, PyObject *arg)
+{
+    unsigned long long id = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    int fd = -1;
+    pthread_mutex_lock(&f->lock);
+    struct kept *k = kept_by_id(f, id);
+    if (k) {
+        fd = k->fd;
+        k->fd = -1;
+        k->rows++; /* released right below: freed if no row names it */
+        release_kept(f, k);
+    }
+    pthread_mutex_unlock(&f->lock);
+    if (fd >= 0)
+        close(fd); /* outside the lock: closing a removed file's last descriptor frees it */
+    Py_RETURN_NONE;
+}
+
+static PyObject *Front_stats(Front *f, PyObject *unused)
+{
+    PyObject *answered = PyDict_New(), *forwarded = PyDict_New(), *misses = PyDict_New();
+    PyObject *result = NULL;
+    if (!answered || !forwarded || !misses)
+        goto done;
+    pthread_mutex_lock(&f->lock);
+    uint64_t answered_n[KINDS], passed_n[OPCODES], miss[MISSES];
+    memcpy(answered_n, f->answered, sizeof(answered_n));
+    memcpy(passed_n, f->passed, sizeof(passed_n));
+    memcpy(miss, f->misses, sizeof(miss));
+    uint64_t rows = f->rows, kept = f->kept.count, dirs = f->dirs.count, slots = f->slots.count;
+    pthread_mutex_unlock(&f->lock);
+    for (int i = 0; i < KINDS - 1; i++) {
+        PyObject *a = PyLong_FromUnsignedLongLong(answered_n[i]);
+        int bad = !a || PyDict_SetItemString(answered, kind_names[i], a);
+        Py_XDECREF(a);
+        if (bad)
+            goto done;
+    }
+    for (int op = 0; op < OPCODES; op++) {
+        if (!passed_n[op])
+            continue;
+        char number[16];
+        const char *name = opcode_name(op);
+        if (!name) {
+            snprintf(number, sizeof(number), "opcode %d", op);
+            name = number;
+        }
+        PyObject *b = PyLong_FromUnsignedLongLong(passed_n[op]);
+        int bad = !b || PyDict_SetItemString(forwarded, name, b);
+        Py_XDECREF(b);
+        if (bad)
+            goto done;
+    }
+    for (int i = 0; i < MISSES; i++) {
+        PyObject *m = PyLong_FromUnsignedLongLong(miss[i]);
+        int bad = !m || PyDict_SetItemString(misses, miss_names[i], m);
+        Py_XDECREF(m);
+        if (bad)
+            goto done;
+    }
+    result = Py_BuildValue("{sOsOsOsKsKsKsK}", "answered", answered, "passed on", forwarded,
+                           "misses", misses, "rows", (unsigned long long)rows, "versions",
+                           (unsigned long long)kept, "directories", (unsigned long long)dirs,
+                           "slots", (unsigned long long)slots);
+done:
+    Py_XDECREF(answered);
+    Py_XDECREF(forwarded);
+    Py_XDECREF(misses);
+    return result;
+}
+
+static PyObject *Front_channel(Front *f, void *unused) { return PyLong_FromLong(f->theirs); }
+
+static PyMethodDef Front_methods[] = {
+    {"start", (PyCFunction)Front_start, METH_NOARGS, "Start the thread that reads the device."},
+    {"stop", (PyCFunction)Front_stop, METH_NOARGS,
+     "Wait up to 5 s for the thread to end (after the unmount): whether it did."},
+    {"directory", (PyCFunction)Front_directory, METH_VARARGS,
+     "directory(nodeid, doc_path, doc_version): a prepared directory, its array's document "
+     "at that version; its rows named before are dropped."},
+    {"keep", (PyCFunction)Front_keep, METH_VARARGS,
+     "keep(id, fd, path, version) -> bool: a version Python keeps, read through fd, which "
+     "the front owns from then on (closed at once if refused)."},
+    {"fill", (PyCFunction)Front_fill, METH_VARARGS,
+     "fill(parent, kept_id, slot, names, nodeids, offsets, lengths, mtime_ns, mode, uid, gid) "
+     "-> rows added."},
+    {"retire", (PyCFunction)Front_retire, METH_O,
+     "retire(slot) -> references counted here: taken over (the slot stays) if any, else "
+     "the slot's rows are dropped and 0 returned."},
+    {"shown_at", (PyCFunction)Front_shown_at, METH_O,
+     "shown_at(id) -> when a lookup here last showed the version (time.monotonic), or 0."},
+    {"drop", (PyCFunction)Front_drop, METH_O, "drop(id): the version is no longer kept."},
+    {"stats", (PyCFunction)Front_stats, METH_NOARGS, "Requests answered and forwarded, misses, sizes."},
+    {NULL},
+};
+
+static PyGetSetDef Front_getset[] = {
+    {"channel", (getter)Front_channel, NULL, "pyfuse3's end of the channel", NULL},
+    {NULL},
+};
+
+static PyTypeObject FrontType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shardfs.fuse.kernel_served._front.Front",
+    .tp_basicsize = sizeof(Front),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The native front of a kernel-served mount (see the module's source).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Front_init,
+    .tp_dealloc = (destructor)Front_dealloc,
+    .tp_methods = Front_methods,
+    .tp_getset = Front_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_front", "The native front of kernel-served mounts.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__front(void)
+{
+    if (PyType_Ready(&FrontType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&FrontType);
+    if (PyModule_AddObject(m, "Front", (PyObject *)&FrontType) < 0) {
+        Py_DECREF(&FrontType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddIntConstant(m, "ROWS_MAX", ROWS_MAX);
+    return m;
+}
