@@ -19,7 +19,7 @@ from shardfs.primitives.errors import InvalidMetadata, ShardfsError, StorageErro
 from shardfs.primitives.private import UnsafeState
 from shardfs.storage import LocalStorage, Storage
 from shardfs.view import Namespace, View
-from shardfs.view.hierarchy import Hierarchy, join, open_hierarchy
+from shardfs.view.hierarchy import METADATA, Hierarchy, join, open_hierarchy
 from shardfs.view.interface import ViewInterface
 from shardfs.view.precomputed import PrecomputedNamespace, PrecomputedSource, open_volume
 from shardfs.view.wkw import WkwNamespace, WkwSource, open_wkw
@@ -122,7 +122,9 @@ def note_nothing_sharded(source: Hierarchy | PrecomputedSource | WkwSource, name
             doc = source.find(path)
             if doc is None:
                 continue
-            meta = source.parse(source.read(doc))
+            first = source.root_document
+            known = first is not None and doc.key == METADATA and doc.stat.version == first[0]
+            meta = source.parse(first[1] if known and first is not None else source.read(doc))
             if is_array(meta):
                 if is_sharded(meta):
                     return

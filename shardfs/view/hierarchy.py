@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,9 @@ class Hierarchy(ABC):
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
+        #: the root `zarr.json` as `open_hierarchy` read it (its version, its bytes): what a
+        #: look at the source before the mount reads instead of asking the store again
+        self.root_document: tuple[Hashable, bytes] | None = None
 
     @abstractmethod
     def find(self, path: str) -> NodeDoc | None:
@@ -191,7 +195,11 @@ def open_hierarchy(storage: Storage) -> Hierarchy:
             continue  # replaced between the stat and the read: read the new one
     else:
         raise StorageError(f"{storage.describe(METADATA)} keeps changing")
+    hierarchy: Hierarchy
     if zarr_draft.is_draft_entry_point(raw):
-        return DraftV3(storage)
-    parse_node(raw)
-    return ZarrV3(storage)
+        hierarchy = DraftV3(storage)
+    else:
+        parse_node(raw)
+        hierarchy = ZarrV3(storage)
+    hierarchy.root_document = (stat.version, raw)
+    return hierarchy

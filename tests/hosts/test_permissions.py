@@ -163,11 +163,11 @@ def test_owner_and_mode_options_are_checked() -> None:
         ("uid=alice", "numeric id"),
         ("gid=-1", "numeric id"),
         ("uid=4294967295", "numeric id"),
-        ("uid=", "numeric id"),
+        ("uid=", "needs a value"),
         ("file_mode=10000", "octal mode from 0 to 7777"),
         ("file_mode=0o644", "octal mode"),
         ("dir_mode=0758", "octal mode"),
-        ("dir_mode=", "octal mode"),
+        ("dir_mode=", "needs a value"),
     ]:
         with pytest.raises(UsageError, match=says):
             parse_options([bad])
