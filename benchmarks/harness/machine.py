@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -29,10 +30,8 @@ def describe() -> dict[str, Any]:
         ram_kib = int(next(line for line in f if line.startswith("MemTotal")).split()[1])
     packages = {}
     for name in PACKAGES:
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             packages[name] = version(name)
-        except PackageNotFoundError:
-            pass
     fields: dict[str, Any] = {
         "cpu": cpu,
         "cores": os.cpu_count(),

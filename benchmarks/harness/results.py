@@ -264,7 +264,7 @@ def validate(data: dict[str, Any]) -> None:
             if len(row) != len(table["columns"]):
                 problems.append(f"table {table['title']!r}: a row of {len(row)} cells")
             for cell in row:
-                if isinstance(cell, dict) and not SPREAD_FIELDS <= set(cell):
+                if isinstance(cell, dict) and not set(cell) >= SPREAD_FIELDS:
                     problems.append(f"table {table['title']!r}: a spread without {SPREAD_FIELDS}")
                 elif not isinstance(cell, (dict, str, int, float, type(None))):
                     problems.append(f"table {table['title']!r}: a cell of {type(cell).__name__}")

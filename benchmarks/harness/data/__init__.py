@@ -1,0 +1,1 @@
+"""The data sets more than one workload reads (one module each)."""
