@@ -62,11 +62,12 @@ import zarr
 
 from benchmarks.harness import results
 from benchmarks.harness.caches import drop_caches
-from benchmarks.harness.daemons import DataDir
+from benchmarks.harness.daemons import DataDir, layout
+from benchmarks.harness.data import tree_size
 from benchmarks.harness.data.dandi import DANDI_SHARD, DANDI_SIDE, dandi_value
 from benchmarks.harness.machine import ROOT, revision
 from benchmarks.harness.results import Result, Spread
-from benchmarks.harness.runs import paired, rotated, run
+from benchmarks.harness.runs import paired, rotated, run, step
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace, Node
 
@@ -143,26 +144,14 @@ class Dataset(DataDir):
 
     @property
     def params(self) -> dict[str, object]:
-        return {
-            "grid": list(self.grid),
-            "chunk": CHUNK,
-            "shard": SHARD,
-            "generator": GENERATOR,
-            "zarr": zarr.__version__,
-        }
+        return layout(list(self.grid), CHUNK, SHARD, GENERATOR, "zarr")
 
     def build(self) -> None:
-        self.marker.unlink(missing_ok=True)
-        for path in (self.source, self.plain):
-            shutil.rmtree(path, ignore_errors=True)
-        started = time.perf_counter()
-        print(f"writing {self.source}, {self.grid[0]} x {self.grid[1]} chunks ...", flush=True)
-        write_source(self.source, self.grid)
-        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
-        started = time.perf_counter()
-        print(f"materializing the view as {self.plain} ...", flush=True)
-        files = materialize(self.source, self.plain)
-        print(f"  {files} files, {time.perf_counter() - started:.1f} s", flush=True)
+        self.clear()
+        with step(f"writing {self.source}, {self.grid[0]} x {self.grid[1]} chunks"):
+            write_source(self.source, self.grid)
+        with step(f"materializing the view as {self.plain}"):
+            print(f"  {materialize(self.source, self.plain)} files", flush=True)
         self.made()
 
 
@@ -182,12 +171,9 @@ class Synthetic(DataDir):
         return (self.rows, DANDI_SIDE, DANDI_SIDE)
 
     def build(self) -> None:
-        self.marker.unlink(missing_ok=True)
-        shutil.rmtree(self.source, ignore_errors=True)
-        started = time.perf_counter()
-        print(f"writing {self.source}, {' x '.join(map(str, self.grid))} chunks ...", flush=True)
-        write_synthetic(self.source, self.grid)
-        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
+        self.clear()
+        with step(f"writing {self.source}, {' x '.join(map(str, self.grid))} chunks"):
+            write_synthetic(self.source, self.grid)
         check_synthetic(self.source, self.grid)
         self.made()
 
@@ -240,15 +226,6 @@ def check_synthetic(source: Path, grid: tuple[int, int, int]) -> None:
     for i, j, k in ((0, 0, 0), (grid[0] // 2, 37, 70), last):
         if array[i, j, k] != dandi_value(i, j, k):
             raise RuntimeError(f"{source}: zarr-python reads another value at {i, j, k}")
-
-
-def tree_size(top: Path) -> tuple[int, int]:
-    """(files, bytes) below `top`."""
-    files = nbytes = 0
-    for directory, _, names in os.walk(top):
-        files += len(names)
-        nbytes += sum(os.stat(os.path.join(directory, name)).st_size for name in names)
-    return files, nbytes
 
 
 # -- the cases ------------------------------------------------------------------------
@@ -423,12 +400,13 @@ def main() -> int:
             shutil.rmtree(data, ignore_errors=True)
     result = Result(
         "checksum",
-        "DANDI zarr checksum of the unsharded view, against zarrsum on a plain copy",
-        "`zarrsum local` (the zarr_checksum package) on a plain copy of the view",
-        "",
-        {"chunks": args.chunks if args.source is None and args.synthetic is None else None,
-         "synthetic": args.synthetic, "repeat": args.repeat, "modes": list(modes)},
-    )  # fmt: skip
+        {
+            "chunks": args.chunks if args.source is None and args.synthetic is None else None,
+            "synthetic": args.synthetic,
+            "repeat": args.repeat,
+            "modes": list(modes),
+        },
+    )
     result.note(f"shardfs: {code}" + (f"; baseline: {args.baseline}" if args.baseline else ""))
     result.note(described)
     result.note(f"checksum (all cases): {checksum}")

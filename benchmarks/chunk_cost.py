@@ -152,11 +152,7 @@ def main() -> int:
             shutil.rmtree(data, ignore_errors=True)
     spreads = {name: Spread.of(values, 0) for name, values in layers.items()}
     result = Result(
-        "chunk_cost",
-        "CPU per chunk read, layer by layer",
-        "the library alone (no FUSE, no event loop)",
-        "",
-        {"chunks": dataset.grid**2, "reads": args.reads, "repeat": args.repeat},
+        "chunk_cost", {"chunks": dataset.grid**2, "reads": args.reads, "repeat": args.repeat}
     )
     table = result.table(
         f"{args.reads} distinct random chunks per measurement, indexes cached; CPU µs per "

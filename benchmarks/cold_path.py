@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import results
+from benchmarks.harness import results, writers
 from benchmarks.harness.caches import drop_caches, resident_mib
 from benchmarks.harness.daemons import Child, MountManager, WriteMounts, start_shardfs
 from benchmarks.harness.data import read as rt
@@ -77,18 +77,6 @@ from benchmarks.harness.machine import ROOT
 from benchmarks.harness.procs import cpu_split as cpu_of
 from benchmarks.harness.results import Result, Spread, Table
 from benchmarks.harness.runs import Interrupts, paired, rotated, run
-from benchmarks.harness.writers import (
-    ARRAY,
-    ROOT_GROUP,
-    SMALL_CHUNK,
-    SMALL_MOUNT_OPTIONS,
-    SMALL_SHAPE,
-    ZARR3,
-    Writer,
-    create_array,
-    generate_small,
-    timed_write,
-)
 from shardfs.fuse import control
 from tests.conftest import Mounted
 
@@ -480,17 +468,22 @@ class Writes:
         self.interrupts = interrupts
         self.data_file = work / "data.npy"
         if not self.data_file.exists():
-            np.save(self.data_file, generate_small(SMALL_SHAPE))
+            np.save(self.data_file, writers.generate_small(writers.SMALL_SHAPE))
         from tests.support.zarr2 import ensure_zarr2
 
-        self.writers = {"v2": Writer(str(ensure_zarr2().python), creates=True), "v3": ZARR3}
+        self.writers = {
+            "v2": writers.Writer(str(ensure_zarr2().python), creates=True),
+            "v3": writers.ZARR3,
+        }
 
     def plain(self, key: str) -> tuple[float, float | None, dict[str, Any]]:
         writer, path = self.writers[key], self.fresh("plain.zarr")
         if not writer.creates:
-            create_array(path, SMALL_SHAPE, False, SMALL_CHUNK, "uint16")
+            writers.create_array(path, writers.SMALL_SHAPE, False, writers.SMALL_CHUNK, "uint16")
         os.sync()
-        done = timed_write(path / ARRAY, self.data_file, False, True, SMALL_CHUNK, writer)
+        done = writers.timed_write(
+            path / writers.ARRAY, self.data_file, False, True, writers.SMALL_CHUNK, writer
+        )
         return done["write"] + done["sync"], None, {}
 
     def floor(self, key: str) -> tuple[float, float | None, dict[str, Any]]:
@@ -500,21 +493,23 @@ class Writes:
             if not writer.creates:  # zarr-python 3 replaces its group's directory
                 top = mnt / "g"
                 top.mkdir()
-                create_array(top, SMALL_SHAPE, False, SMALL_CHUNK, "uint16")
+                writers.create_array(top, writers.SMALL_SHAPE, False, writers.SMALL_CHUNK, "uint16")
             before = sum(cpu_of(fl.pid))
-            done = timed_write(top / ARRAY, self.data_file, False, False, SMALL_CHUNK, writer)
+            done = writers.timed_write(
+                top / writers.ARRAY, self.data_file, False, False, writers.SMALL_CHUNK, writer
+            )
             return done["write"], sum(cpu_of(fl.pid)) - before, {}
 
     def shardfs(self, key: str, counts: Path | None = None):
         writer, source = self.writers[key], self.fresh("source.zarr")
         if writer.creates:
             source.mkdir(parents=True)
-            (source / "zarr.json").write_text(ROOT_GROUP)
+            (source / "zarr.json").write_text(writers.ROOT_GROUP)
         else:
-            create_array(source, SMALL_SHAPE, True, SMALL_CHUNK, "uint16")
+            writers.create_array(source, writers.SMALL_SHAPE, True, writers.SMALL_CHUNK, "uint16")
         os.sync()
         mounts = WriteMounts(self.work / "mnt", self.work / "mount.log", [], self.interrupts)
-        options = SMALL_MOUNT_OPTIONS[f"{key}-mount"]
+        options = writers.SMALL_MOUNT_OPTIONS[f"{key}-mount"]
         if counts is None:
             mounted = mounts.start(source, *options)
         else:
@@ -524,7 +519,9 @@ class Writes:
                 )
         pid = mounted.process.pid
         before = sum(cpu_of(pid))
-        done = timed_write(mounted.path / ARRAY, self.data_file, False, False, SMALL_CHUNK, writer)
+        done = writers.timed_write(
+            mounted.path / writers.ARRAY, self.data_file, False, False, writers.SMALL_CHUNK, writer
+        )
         cpu = sum(cpu_of(pid)) - before
         if counts is not None:
             os.kill(pid, signal.SIGUSR2)
@@ -612,20 +609,11 @@ def main() -> int:
     if args.what == "reads":
         result = Result(
             f"cold_path-{name}",
-            "The cold read, broken down",
-            "zarr-python 3 on the plain unsharded copy, page cache dropped",
-            "`benchmarks.floor serve-read`: the plain copy's files from memory, kernel-served",
             {"size_mib": args.size_mib, "repeat": args.repeat, "variants": args.variants},
         )
         measure_reads(args, interrupts, result)
     else:
-        result = Result(
-            "cold_path-writes",
-            "Small-chunk writes, broken down",
-            "the same zarr-python writing a plain directory, with os.sync()",
-            "`benchmarks.floor serve-write`: a read-write tree in memory",
-            {"repeat": args.repeat},
-        )
+        result = Result("cold_path-writes", {"repeat": args.repeat})
         measure_writes(args, interrupts, result)
     result.write(
         results.results_path(args.results or str(results.RESULTS / f"{result.workload}.json"))

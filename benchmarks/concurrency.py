@@ -391,12 +391,14 @@ def main() -> int:
             shutil.rmtree(data, ignore_errors=True)
     result = Result(
         "concurrency",
-        "Random chunk reads by several processes at once",
-        "the same readers on a plain unsharded copy (byte-identical chunk files)",
-        "",
-        {"chunks": dataset.grid**2, "repeat": args.repeat, "seconds": args.seconds,
-         "readers": readers, "kinds": kinds},
-    )  # fmt: skip
+        {
+            "chunks": dataset.grid**2,
+            "repeat": args.repeat,
+            "seconds": args.seconds,
+            "readers": readers,
+            "kinds": kinds,
+        },
+    )
     result.note(described)
     result.note(
         f"{args.seconds:g} s per measurement; daemon log: {len(errors)} ERROR/Traceback lines; "

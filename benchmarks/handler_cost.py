@@ -120,12 +120,13 @@ def main() -> int:
         files = args.dirs * PER_DIR
         result = Result(
             "handler_cost",
-            "What a handler costs in the daemon, in-process",
-            "",
-            "the floor's handlers (an integer lookup, bytes from memory) for as many files",
-            {"dirs": args.dirs, "flush_kib": args.flush, "repeat": args.repeat,
-             "source": "per_file data set" if args.source is None else str(args.source)},
-        )  # fmt: skip
+            {
+                "dirs": args.dirs,
+                "flush_kib": args.flush,
+                "repeat": args.repeat,
+                "source": "per_file data set" if args.source is None else str(args.source),
+            },
+        )
         table = result.table(
             f"{files} chunk files, a lookup and a read each; µs of thread CPU per call, median "
             f"of {args.repeat} passes (each pass: the mean over its calls)",

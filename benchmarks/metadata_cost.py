@@ -149,13 +149,11 @@ def main() -> int:
 
     result = Result(
         "metadata_cost",
-        "A chunk file read under a big zarr.json",
-        "the same array layout with a small zarr.json; shardfs at another revision",
-        "",
         {"before": args.before, "after": args.after, "mib": args.mib, "reads": args.reads},
     )
-    small, big = (f"{sizes[n] / (1 << 20):.1f} MiB" if sizes[n] > 1 << 20 else f"{sizes[n]} B"
-                  for n in ARRAYS)  # fmt: skip
+    small, big = (
+        f"{sizes[n] / (1 << 20):.1f} MiB" if sizes[n] > 1 << 20 else f"{sizes[n]} B" for n in ARRAYS
+    )
     table = result.table(
         f"{args.reads} distinct chunk files per array, opened and read through a -o ro mount, "
         "shard indexes cached; median wall time per chunk",

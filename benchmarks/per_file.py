@@ -346,13 +346,7 @@ def main() -> int:
         if args.data is None:
             shutil.rmtree(data, ignore_errors=True)
     a, b, c = dataset.grid
-    result = Result(
-        "per_file",
-        "Per-file cost: tiny chunk files opened, read and closed through a mount",
-        "the same number of files through the floor",
-        "`benchmarks.floor serve` (and `--noopen`): pyfuse3 + trio handlers that do nothing",
-        {"files": args.files, "repeat": args.repeat, "kinds": kinds},
-    )
+    result = Result("per_file", {"files": args.files, "repeat": args.repeat, "kinds": kinds})
     result.note(
         f"{args.files} files of {FILE_BYTES} bytes in {args.files // PER_DIR} directories of "
         f"{PER_DIR}; shardfs: uint8 {a * CHUNK} x {b * CHUNK} x {c * CHUNK} by zarr-python "

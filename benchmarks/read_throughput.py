@@ -364,9 +364,6 @@ def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) ->
         mounts.stop()
     result = Result(
         f"read_throughput-{size_mib}mib",
-        f"Read throughput, {size_mib} MiB: zarr-python through a mount against a plain copy",
-        "zarr-python 3 on a plain unsharded copy with byte-identical chunk files",
-        "",
         {"size_mib": size_mib, "repeat": args.repeat, "readers": args.readers},
     )
     result.note(summary)

@@ -80,13 +80,7 @@ def main() -> int:
             rows["rendered"].append(rendered)
     finally:
         mounts.stop()
-    result = Result(
-        "rendered_document",
-        "A big metadata document read through a mount",
-        "a group's zarr.json of the same size passed through as stored; cat of the source file",
-        "",
-        {"size_mib": args.size_mib, "repeat": args.repeat},
-    )
+    result = Result("rendered_document", {"size_mib": args.size_mib, "repeat": args.repeat})
     table = result.table(
         f"The array's zarr.json as the view renders it ({size / (1 << 20):.1f} MiB, stored "
         f"{stored.stat().st_size / (1 << 20):.1f} MiB), read whole after a fresh `-o ro` "

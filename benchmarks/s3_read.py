@@ -278,12 +278,14 @@ def report(
     read_bytes = dict.fromkeys("abcfghlm", nbytes) | dict.fromkeys("deijk", n * CHUNK_BYTES)
     result = Result(
         "s3_read",
-        "Reading a sharded array from S3: a mount against zarr-python's own S3 support",
-        "zarr-python 3 reading the same array straight from S3 (obstore)",
-        "`benchmarks.floor serve-read` serving a plain copy from memory (m)",
-        {"size_mib": args.size_mib, "delay_ms": args.delay_ms, "repeat": args.repeat,
-         "chunk_reads": n, "cases": args.cases},
-    )  # fmt: skip
+        {
+            "size_mib": args.size_mib,
+            "delay_ms": args.delay_ms,
+            "repeat": args.repeat,
+            "chunk_reads": n,
+            "cases": args.cases,
+        },
+    )
     table = result.table(
         f"{nbytes >> 20} MiB uint8 array ({stored / (1 << 20):.1f} MiB stored), chunks {CHUNKS},"
         f" shards {SHARDS}; {args.delay_ms:g} ms added to every request; "

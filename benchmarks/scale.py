@@ -75,16 +75,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import tensorstore as ts
 import zarr
 
-from benchmarks.harness import results
+from benchmarks.harness import results, runs
 from benchmarks.harness.caches import drop_caches
-from benchmarks.harness.daemons import Child, DataDir, DetachedMount
+from benchmarks.harness.daemons import Child, DataDir, DetachedMount, layout
+from benchmarks.harness.data import tree_size
 from benchmarks.harness.data.dandi import DANDI_CHUNK, DANDI_SHARD, DANDI_SIDE, dandi_value
 from benchmarks.harness.machine import code_digest, revision
 from benchmarks.harness.procs import memory
@@ -398,21 +398,10 @@ class Dataset(DataDir):
     @property
     def params(self) -> dict[str, object]:
         if self.layout.name == "2d":  # as before the layouts: its data sets stay usable
-            return {
-                "grid": [self.rows, COLUMNS],
-                "chunk": CHUNK,
-                "shard": SHARD,
-                "generator": GENERATOR,
-                "tensorstore": version("tensorstore"),
-            }
-        return {
-            "layout": self.layout.name,
-            "grid": list(self.layout.grid(self.rows)),
-            "chunk": DANDI_CHUNK,
-            "shard": DANDI_SHARD,
-            "generator": GENERATOR,
-            "tensorstore": version("tensorstore"),
-        }
+            return layout([self.rows, COLUMNS], CHUNK, SHARD, GENERATOR, "tensorstore")
+        grid = list(self.layout.grid(self.rows))
+        dandi = layout(grid, DANDI_CHUNK, DANDI_SHARD, GENERATOR, "tensorstore")
+        return {"layout": self.layout.name, **dandi}
 
     def ready(self) -> bool:
         return super().ready() and all(
@@ -420,19 +409,14 @@ class Dataset(DataDir):
         )
 
     def build(self) -> None:
-        self.marker.unlink(missing_ok=True)
-        for path in (self.source, self.plain):
-            shutil.rmtree(path, ignore_errors=True)
-        started = time.perf_counter()
+        self.clear()
         grid = " x ".join(map(str, self.layout.grid(self.rows)))
-        print(f"writing {self.source} with tensorstore, {grid} chunks ...", flush=True)
-        self.layout.write(self.source, self.rows)
-        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
+        with runs.step(f"writing {self.source} with tensorstore, {grid} chunks"):
+            self.layout.write(self.source, self.rows)
         self.layout.check(self.source, self.rows)
-        started = time.perf_counter()
-        print(f"materializing the view as {self.plain} ...", flush=True)
-        files = materialize(self.source, self.plain)
-        print(f"  {files} files, {time.perf_counter() - started:.1f} s", flush=True)
+        with runs.step(f"materializing the view as {self.plain}"):
+            files = materialize(self.source, self.plain)
+            print(f"  {files} files", flush=True)
         if files != self.chunks + DOCUMENTS:
             raise RuntimeError(f"the copy has {files} files, expected {self.chunks + DOCUMENTS}")
         self.made()
@@ -454,15 +438,6 @@ class Dataset(DataDir):
             top / ARRAY / "c",
             *(top / ARRAY / "c" / d for d in self.layout.chunk_dirs(self.rows)),
         ]
-
-
-def source_size(source: Path) -> tuple[int, int]:
-    """(files, bytes) of the sharded source."""
-    files = nbytes = 0
-    for directory, _, names in os.walk(source):
-        files += len(names)
-        nbytes += sum(os.stat(os.path.join(directory, name)).st_size for name in names)
-    return files, nbytes
 
 
 # -- the daemons ----------------------------------------------------------------------
@@ -811,7 +786,7 @@ def main() -> int:
             print(f"reusing {data}")
         else:
             dataset.build()
-        shards, shard_bytes = source_size(dataset.source)
+        shards, shard_bytes = tree_size(dataset.source)
         described = (
             f"{dataset.layout.describe(args.rows)}; the source: {shards} files, "
             f"{shard_bytes / (1 << 20):.1f} MiB"
@@ -832,11 +807,6 @@ def main() -> int:
             shutil.rmtree(data, ignore_errors=True)
     result = Result(
         f"scale-{args.layout}",
-        f"Scale, {args.layout} layout: walking a mount of a large chunk tree",
-        "the same tree as plain files on local disk",
-        "`benchmarks.floor serve --noopen` serving the chunk tree's shape"
-        if "floor" in run.sides
-        else "",
         {"layout": args.layout, "rows": args.rows, "chunks": dataset.chunks, "repeat": args.repeat},
     )
     for line in [f"shardfs at {code}", *described.splitlines(), *summary.splitlines()]:

@@ -196,13 +196,7 @@ def main() -> int:
     args = parser.parse_args()
     interrupts = Interrupts()
     base = args.data or Path(tempfile.mkdtemp(prefix="wkw-bench-"))
-    result = Result(
-        "wkw_read",
-        "A whole WKW layer read through a mount",
-        "the `wkw` library reading the layer itself; the same reader on a plain copy",
-        "",
-        {"size": args.size, "repeat": args.repeat},
-    )
+    result = Result("wkw_read", {"size": args.size, "repeat": args.repeat})
     result.note(
         f"layer: uint8, {args.size}^3 voxels, blocks of {BLOCK_LEN}^3, files of {FILE_LEN}^3; "
         "readers zarr-python 3 (zarr) and tensorstore (ts); COLD: page cache dropped before "

@@ -655,9 +655,6 @@ def print_default(bench: Bench, reps: int, options: list[str]) -> Result:
     stored = {k: statistics.median(v) / (1 << 20) for k, v in bench.stored.items()}
     result = Result(
         "write_throughput",
-        "Write throughput through a read-write mount",
-        "zarr-python 3 writing a plain local directory (and natively sharded)",
-        "",
         {"size_mib": round(nbytes / (1 << 20)), "reps": reps, "mount_options": options[:-1]},
     )
     result.note(
@@ -690,13 +687,7 @@ def print_default(bench: Bench, reps: int, options: list[str]) -> Result:
 def print_small(bench: Bench, reps: int, options: list[str]) -> Result:
     shape = bench.data.shape
     chunks = math.prod(math.ceil(n / bench.chunk) for n in shape)
-    result = Result(
-        "write_throughput-small",
-        "Small-chunk writes through a read-write mount",
-        "the same zarr-python writing a plain local directory, with os.sync()",
-        "",
-        {"reps": reps, "mount_options": options[:-1]},
-    )
+    result = Result("write_throughput-small", {"reps": reps, "mount_options": options[:-1]})
     result.note(
         f"array {shape} {bench.data.dtype} = {bench.data.nbytes / (1 << 20):.0f} MiB in "
         f"{chunks} chunks of {bench.chunk}^3; compressors: (1), (2) zarr-python 2.18's "

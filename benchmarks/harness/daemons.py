@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 from benchmarks.harness.caches import drop_caches
@@ -27,6 +29,10 @@ from tests.conftest import Mounted, stop_mount, wait_mounted
 SHARDFS = [sys.executable, "-m", "shardfs"]
 
 
+def _below(name: str) -> property:
+    return property(lambda self: self.data / name, doc=f"DATA/{name}")
+
+
 @dataclass
 class DataDir:
     """A benchmark's data directory: the sharded source, its plain copy, a mountpoint, the
@@ -34,26 +40,11 @@ class DataDir:
     set is reused only by a run that would make the same one."""
 
     data: Path
-
-    @property
-    def source(self) -> Path:
-        return self.data / "sharded.zarr"
-
-    @property
-    def plain(self) -> Path:
-        return self.data / "plain.zarr"
-
-    @property
-    def mountpoint(self) -> Path:
-        return self.data / "mnt"
-
-    @property
-    def log(self) -> Path:
-        return self.data / "mount.log"
-
-    @property
-    def marker(self) -> Path:
-        return self.data / "dataset.json"
+    source = _below("sharded.zarr")
+    plain = _below("plain.zarr")
+    mountpoint = _below("mnt")
+    log = _below("mount.log")
+    marker = _below("dataset.json")
 
     @property
     def params(self) -> dict[str, object]:
@@ -65,9 +56,22 @@ class DataDir:
         except (OSError, ValueError):
             return False
 
+    def clear(self) -> None:
+        """Unmark the data and remove the source and the plain copy, to make them again."""
+        self.marker.unlink(missing_ok=True)
+        for path in (self.source, self.plain):
+            shutil.rmtree(path, ignore_errors=True)
+
     def made(self) -> None:
         """Mark the data as made with `params`."""
         self.marker.write_text(json.dumps(self.params))
+
+
+def layout(grid: object, chunk: int, shard: int, generator: int, writer: str) -> dict[str, object]:
+    """A data set's parameters: its chunk grid, chunk and shard edges, the version of its
+    generator and of the library (`writer`) that wrote it."""
+    params = {"grid": grid, "chunk": chunk, "shard": shard, "generator": generator}
+    return params | {writer: version(writer)}
 
 
 def start_shardfs(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.machine import ROOT, commit, describe
+from benchmarks.harness.workloads import workload
 
 SCHEMA = 1
 #: Where a workload's result goes unless `--results` says otherwise.
@@ -133,10 +134,10 @@ class Result:
     """What one run of a workload found (see SCHEMA.md for every field)."""
 
     workload: str
-    title: str
-    reference: str
-    floor: str
     parameters: dict[str, Any]
+    title: str = ""
+    reference: str = ""
+    floor: str = ""
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     command: str = ""
@@ -145,6 +146,10 @@ class Result:
     machine: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not self.title:  # a new run: what it compares comes from the workloads' table
+            known = workload(self.workload)
+            self.title = known.title.format(**self.parameters)
+            self.reference, self.floor = known.reference, known.floor
         self.command = self.command or command_line()
         self.date = self.date or datetime.date.today().isoformat()
         self.commit = self.commit or commit()

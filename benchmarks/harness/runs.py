@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TypeVar
@@ -62,3 +63,12 @@ def paired(over: Sequence[float], under: Sequence[float]) -> list[float]:
     """over / under, per repetition: the two ran back to back, so a noisy neighbour slows
     both, and their ratio is steadier than the ratio of their medians."""
     return [a / b for a, b in zip(over, under, strict=True)]
+
+
+@contextlib.contextmanager
+def step(what: str) -> Iterator[None]:
+    """Say `what ...`, and how long the block took."""
+    started = time.perf_counter()
+    print(f"{what} ...", flush=True)
+    yield
+    print(f"  {time.perf_counter() - started:.1f} s", flush=True)

@@ -8,15 +8,14 @@ import json
 import os
 import random
 import shutil
-import time
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import tensorstore as ts
 
-from benchmarks.harness.daemons import DataDir, MountManager
+from benchmarks.harness.daemons import DataDir, MountManager, layout
+from benchmarks.harness.runs import step
 from tests.conftest import Mounted
 
 #: Inner chunk edge (uint16), and inner chunks per shard along each axis.
@@ -86,25 +85,15 @@ class Dataset(DataDir):
 
     @property
     def params(self) -> dict[str, object]:
-        return {
-            "grid": self.grid,
-            "chunk": CHUNK,
-            "shard": SHARD,
-            "generator": GENERATOR,
-            "tensorstore": version("tensorstore"),
-        }
+        return layout(self.grid, CHUNK, SHARD, GENERATOR, "tensorstore")
 
     def build(self, mounts: Mounts) -> None:
         """Write both arrays, give the copy the view's `zarr.json`, and compare a sample of
         chunk files through a mount."""
-        self.marker.unlink(missing_ok=True)
-        for path in (self.source, self.plain):
-            shutil.rmtree(path, ignore_errors=True)
+        self.clear()
         for path, sharded in ((self.source, True), (self.plain, False)):
-            started = time.perf_counter()
-            print(f"writing {path}, {self.grid} x {self.grid} chunks ...", flush=True)
-            write_array(path, self.grid, sharded)
-            print(f"  {time.perf_counter() - started:.1f} s", flush=True)
+            with step(f"writing {path}, {self.grid} x {self.grid} chunks"):
+                write_array(path, self.grid, sharded)
         view = mounts.fresh().path / ARRAY
         shutil.copyfile(view / "zarr.json", self.plain / ARRAY / "zarr.json")
         rng = random.Random(GENERATOR)

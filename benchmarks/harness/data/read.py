@@ -5,9 +5,7 @@ Read by `read_throughput` and `cold_path`."""
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ import zarr
 from zarr.codecs import ZstdCodec
 
 from benchmarks.harness.daemons import DataDir, MountManager
+from benchmarks.harness.runs import step
 
 CHUNK = 64
 SHARD = 256
@@ -105,13 +104,9 @@ class Dataset(DataDir):
 
     def build(self, mounts: MountManager) -> None:
         """Write the sharded source, then copy the plain array out of a mount of it."""
-        self.marker.unlink(missing_ok=True)
-        for path in (self.source, self.plain):
-            shutil.rmtree(path, ignore_errors=True)
-        started = time.perf_counter()
-        print(f"writing {self.source} {self.shape} ...", flush=True)
-        write_source(self.source, self.shape)
-        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
+        self.clear()
+        with step(f"writing {self.source} {self.shape}"):
+            write_source(self.source, self.shape)
         mounted = mounts.fresh()
         print(f"copying {self.plain} out of the mount ...", flush=True)
         subprocess.run(["cp", "-r", f"{mounted.path}/.", str(self.plain)], check=True)

@@ -6,15 +6,14 @@ layout. Read by `per_file` and `handler_cost`."""
 from __future__ import annotations
 
 import os
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zarr
 
-from benchmarks.harness.daemons import DataDir
+from benchmarks.harness.daemons import DataDir, layout
+from benchmarks.harness.runs import step
 
 ARRAY = "data"
 CHUNK = 4  #: inner chunk edge: 4^3 uint8 = 64 bytes
@@ -52,35 +51,26 @@ class Dataset(DataDir):
 
     @property
     def params(self) -> dict[str, object]:
-        return {
-            "grid": list(self.grid),
-            "chunk": CHUNK,
-            "shard": SHARD,
-            "generator": GENERATOR,
-            "zarr": zarr.__version__,
-        }
+        return layout(list(self.grid), CHUNK, SHARD, GENERATOR, "zarr")
 
     def ready(self) -> bool:
         return super().ready() and (self.source / ARRAY / "zarr.json").is_file()
 
     def build(self) -> None:
-        self.marker.unlink(missing_ok=True)
-        shutil.rmtree(self.source, ignore_errors=True)
-        started = time.perf_counter()
-        print(f"writing {self.source} with zarr-python {zarr.__version__} ...", flush=True)
-        group = zarr.open_group(self.source, mode="w")
-        array = group.create_array(
-            ARRAY,
-            shape=self.shape,
-            dtype="u1",
-            chunks=(CHUNK,) * 3,
-            shards=(CHUNK * SHARD,) * 3,
-            compressors=None,
-            filters=None,
-            fill_value=0,
-        )
-        array[:] = values(self.shape)
-        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
+        self.clear()
+        with step(f"writing {self.source} with zarr-python {zarr.__version__}"):
+            group = zarr.open_group(self.source, mode="w")
+            array = group.create_array(
+                ARRAY,
+                shape=self.shape,
+                dtype="u1",
+                chunks=(CHUNK,) * 3,
+                shards=(CHUNK * SHARD,) * 3,
+                compressors=None,
+                filters=None,
+                fill_value=0,
+            )
+            array[:] = values(self.shape)
         check = zarr.open_array(self.source / ARRAY, mode="r")
         if check.chunks != (CHUNK,) * 3 or check.compressors or check.filters:
             raise RuntimeError(f"{self.source}: zarr-python wrote {check.info}")
