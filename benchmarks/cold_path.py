@@ -443,6 +443,7 @@ def handler_table(
             "hops",
             "per hop: hand-off µs, worker wall µs, worker CPU µs",
         ],
+        detail=True,
     )
     for name, c in sorted(handlers.items(), key=lambda item: -item[1]["n"]):
         if c["n"] < n / 100:

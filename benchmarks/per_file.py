@@ -275,6 +275,7 @@ def report(results_: dict[str, Result_], files: int, repeat: int, result: Result
     table = result.table(
         "Requests per file, from one more, untimed run with the daemon counting",
         ["mount", "pass", "requests per file"],
+        detail=True,
     )
     for kind, found in results_.items():
         for p in PASSES:

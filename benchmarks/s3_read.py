@@ -309,7 +309,9 @@ def report(
             disk,
         )
     table = result.table(
-        "Ratios of times, per repetition: median (range)", ["ratio", "value", "meaning"]
+        "Ratios of times, per repetition: median (range)",
+        ["ratio", "value", "meaning"],
+        detail=True,
     )
     ratios = (
         ("b", "a", "direct over mount; above 1 the mount is faster"),

@@ -512,13 +512,13 @@ class Step:
 
 
 def steps(layout: Layout) -> list[Step]:
-    """The walks, in the order each side runs them; labels are table cells (| escaped)."""
+    """The walks, in the order each side runs them; labels are table cells."""
     ls = f"{ARRAY}/{layout.ls_dir}"
     return [
-        Step("find", "`find DIR -type f \\| wc -l`", "find {dir} -type f | wc -l"),
+        Step("find", "`find DIR -type f | wc -l`", "find {dir} -type f | wc -l"),
         Step("du", "`du -sb DIR`", "du -sb {dir} | cut -f1"),
-        Step("ls", f"`ls -l DIR/{ls} \\| wc -l`", f"ls -l {{dir}}/{ls} | wc -l"),
-        Step("read", "`tar -cf - -C DIR . \\| wc -c`", "tar -cf - -C {dir} . | wc -c"),
+        Step("ls", f"`ls -l DIR/{ls} | wc -l`", f"ls -l {{dir}}/{ls} | wc -l"),
+        Step("read", "`tar -cf - -C DIR . | wc -c`", "tar -cf - -C {dir} . | wc -c"),
     ]
 
 
@@ -685,6 +685,7 @@ def report(run: Run, repeat: int, result: Result) -> None:
     table = result.table(
         "The daemon's resident memory after each step, MiB",
         ["daemon RSS, MiB", *(f"rep {i + 1}" for i in range(repeat))],
+        detail=True,
     )
     for what in ("start", *(step.key for step in run.steps)):
         table.row(f"after {what} (VmRSS)", *(round(rss[what] / 1024) for rss in run.rss))
@@ -778,7 +779,7 @@ def main() -> int:
     daemon = Daemon(dataset, interrupts)
     floor = FloorDaemon(dataset, interrupts)
     run = Run(dataset, daemon, floor, args.step_timeout)
-    code, digest = revision(), code_digest()
+    digest = code_digest()
     try:
         data.mkdir(parents=True, exist_ok=True)
         dataset.log.write_text("")
@@ -809,7 +810,7 @@ def main() -> int:
         f"scale-{args.layout}",
         {"layout": args.layout, "rows": args.rows, "chunks": dataset.chunks, "repeat": args.repeat},
     )
-    for line in [f"shardfs at {code}", *described.splitlines(), *summary.splitlines()]:
+    for line in [*described.splitlines(), *summary.splitlines()]:
         result.note(line)
     report(run, args.repeat, result)
     result.write(

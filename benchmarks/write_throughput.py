@@ -620,6 +620,7 @@ def shard_report(bench: Bench, result: Result) -> None:
             "dead total MiB",
             "stored total MiB",
         ],
+        detail=True,
     )
     for rep, histories in enumerate(bench.shards["a"]):
         writes = [h.writes for h in histories if h.writes is not None]

@@ -98,6 +98,8 @@ class Table:
     title: str
     columns: list[str]
     rows: list[list[Cell]] = field(default_factory=list)
+    #: A detail: printed and kept in the result, but not shown in docs/performance.md.
+    detail: bool = False
 
     def row(self, *cells: Cell) -> None:
         if len(cells) != len(self.columns):
@@ -121,12 +123,13 @@ class Table:
 
     def to_json(self) -> dict[str, Any]:
         rows = [[cell_json(c) for c in r] for r in self.rows]
-        return {"title": self.title, "columns": self.columns, "rows": rows}
+        out = {"title": self.title, "columns": self.columns, "rows": rows}
+        return out | ({"detail": True} if self.detail else {})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Table:
         rows = [[cell_from_json(c) for c in r] for r in data["rows"]]
-        return cls(data["title"], list(data["columns"]), rows)
+        return cls(data["title"], list(data["columns"]), rows, bool(data.get("detail")))
 
 
 @dataclass
@@ -155,8 +158,8 @@ class Result:
         self.commit = self.commit or commit()
         self.machine = self.machine or describe()
 
-    def table(self, title: str, columns: list[str]) -> Table:
-        self.tables.append(Table(title, columns))
+    def table(self, title: str, columns: list[str], detail: bool = False) -> Table:
+        self.tables.append(Table(title, columns, detail=detail))
         return self.tables[-1]
 
     def note(self, text: str) -> None:
