@@ -373,13 +373,16 @@ def measure_reads(args: argparse.Namespace, interrupts: Interrupts, result: Resu
             )
         if args.variants:
             return
+        table = result.table(
+            "Requests per chunk file (`shardfs stats`)", ["case", "FUSE", "source"], detail=True
+        )
         for case in ("shardfs", "src-warm"):
-            got = seen[case]
-            result.note(
-                f"{case}: requests per chunk file: FUSE "
-                + ", ".join(f"{k} {v / n:.2f}" for k, v in got["fuse"].items())
-                + "; source "
-                + ", ".join(f"{k} {v / n:.2f}" for k, v in got["source"].items())
+            table.row(
+                case,
+                *(
+                    ", ".join(f"{k} {v / n:.2f}" for k, v in seen[case][part].items())
+                    for part in ("fuse", "source")
+                ),
             )
         measure_kinds(reads, args.repeat, result)
         profiled(reads, args.data.resolve() / "cold-path-counts.json", result)

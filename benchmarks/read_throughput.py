@@ -224,15 +224,9 @@ def ratio_row(pair: Pair) -> list:
     return cells
 
 
-def stats_row(case: Case, files: int) -> str | None:
-    """FUSE requests and source requests per chunk file of the last cold read."""
-    if case.stats is None:
-        return None
-    fuse = case.stats["fuse"]["requests"]
-    source = case.stats["source"]["requests"]
-    kinds = ", ".join(f"{k} {n / files:.2f}" for k, n in fuse.items() if n)
-    stored = ", ".join(f"{k} {n / files:.2f}" for k, n in source.items() if n)
-    return f"{case.key}: per chunk file, FUSE: {kinds}; source: {stored}"
+def per_file(requests: dict[str, int], files: int) -> str:
+    """Requests by kind, per chunk file."""
+    return ", ".join(f"{k} {n / files:.2f}" for k, n in requests.items() if n)
 
 
 def report(
@@ -241,6 +235,7 @@ def report(
     table = result.table(
         f"Each case's whole read, median of {repeat}",
         ["case", "cold MiB/s", "cold s", "warm MiB/s", "warm s", "daemon CPU s cold / warm"],
+        detail=True,
     )
     for case in cases.values():
         cold, warm = (statistics.median(case.times[m]) for m in ("cold", "warm"))
@@ -265,9 +260,15 @@ def report(
         table.row(*ratio_row(pair))
     native = Pair("a/c (mount / native sharded, not adjacent)", cases["c"], cases["a"])
     table.row(*ratio_row(native))
-    for row in (stats_row(case, files) for case in cases.values()):
-        if row:
-            result.note(row)
+    table = result.table(
+        "Requests per chunk file of the last cold read (`shardfs stats`)",
+        ["case", "FUSE", "source"],
+        detail=True,
+    )
+    for case in cases.values():
+        if case.stats is not None:
+            fuse, source = (case.stats[part]["requests"] for part in ("fuse", "source"))
+            table.row(case.key, per_file(fuse, files), per_file(source, files))
 
 
 # -- main -----------------------------------------------------------------------------

@@ -47,9 +47,8 @@ def block(result: Result) -> str:
     for table in result.tables:
         if not table.detail:
             lines += ["", table.markdown()]
-    if result.notes:
-        lines.append("")
-        lines += [f"- {note}" for note in result.notes]
+    if result.notes:  # one paragraph: the page stays short
+        lines += ["", "; ".join(note.rstrip(".") for note in result.notes) + "."]
     return "\n".join(lines) + "\n"
 
 

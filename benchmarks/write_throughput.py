@@ -543,6 +543,7 @@ def report(bench: Bench, reps: int, nbytes: int, result: Result) -> None:
     table = result.table(
         f"Each case's write, median (range) of {reps}, {mib:.0f} MiB uncompressed",
         ["case", "MiB/s", "s", "writer CPU s"],
+        detail=True,
     )
     for key, label in CASES:
         cpu = t.get(f"{key}-client-cpu")
@@ -568,6 +569,7 @@ def small_report(bench: Bench, reps: int, result: Result) -> None:
             "daemon CPU s: up to the unmount, in all",
             "stored MiB",
         ],
+        detail=True,
     )
     for key, label in SMALL_CASES:
         rate = None if key.endswith("-unmount") else round(mib / statistics.median(t[key]))
