@@ -10,7 +10,7 @@ number of files. This script measures, in one run and on one machine:
   (b) `zarrsum local COPY` (the `zarr_checksum` package's command, as DANDI users run it)
       on a plain copy of the view, materialized as one file per chunk,
   (c) `shardfs checksum COPY` (the same plain copy, as stored),
-  (l) with --synthetic: `generated_listing.py`, the stored checksum of a plain copy that
+  (l) with --synthetic: `benchmarks/generated_listing.py`, the stored checksum of a plain copy that
       is only a generated listing (10M files without 10M inodes),
 
 each COLD (page cache dropped) and WARM (the same command again at once), the
@@ -27,15 +27,15 @@ The data, one of:
                  (2-D uint16, chunks 8 x 8, shards of 32 x 32 chunks, zstd) and its
                  plain copy, made here;
   --source DIR   an existing sharded source, with --plain DIR its plain copy (say,
-                 benchmarks/scale.py --layout dandi's data set);
+                 `benchmarks.scale --layout dandi`'s data set);
   --synthetic R  the DANDI layout (3-D uint8, keys c/i/j/k, shards of 32^3 chunks,
                  R x 100 x 100 chunks, so 100-file directories) with chunks of one byte
                  (shape 1^3, no compression): shards written here in seconds, where
                  64^3 chunks would take hours at 10M. No plain copy: case (l) instead.
 
-    .venv/bin/python benchmarks/checksum.py [--chunks 1000000 | --source DIR [--plain DIR]
+    .venv/bin/python -m benchmarks.checksum [--chunks 1000000 | --source DIR [--plain DIR]
         | --synthetic ROWS] [--data DIR] [--repeat 3] [--warm-only] [--shardfs TREE]
-        [--baseline TREE]
+        [--baseline TREE] [--results PATH]
 
 Without --data, made data lives in a temporary directory that is removed at the
 end; with it, the data is kept and reused by the next run with the same options.
@@ -48,7 +48,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,14 +59,17 @@ from pathlib import Path
 import crc32c
 import numpy as np
 import zarr
-from common import DataDir, machine, run
-from read_throughput import drop_caches
-from scale import DANDI_SHARD, DANDI_SIDE, dandi_value, revision
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from shardfs.storage import LocalStorage  # noqa: E402
-from shardfs.view import Namespace, Node  # noqa: E402
+from benchmarks.harness import results
+from benchmarks.harness.caches import drop_caches
+from benchmarks.harness.daemons import DataDir, layout
+from benchmarks.harness.data import tree_size
+from benchmarks.harness.data.dandi import DANDI_SHARD, DANDI_SIDE, dandi_value
+from benchmarks.harness.machine import ROOT, revision
+from benchmarks.harness.results import Result, Spread
+from benchmarks.harness.runs import paired, rotated, run, step
+from shardfs.storage import LocalStorage
+from shardfs.view import Namespace, Node
 
 #: Inner chunk edge (uint16), and inner chunks per shard along each axis.
 CHUNK = 8
@@ -78,7 +80,7 @@ GENERATOR = 1
 TARGET = 5.0
 SHARDFS = [sys.executable, "-m", "shardfs"]
 ZARRSUM = str(Path(sys.executable).with_name("zarrsum"))
-GENERATED_LISTING = [sys.executable, str(Path(__file__).resolve().parent / "generated_listing.py")]
+GENERATED_LISTING = [sys.executable, str(ROOT / "benchmarks" / "generated_listing.py")]
 MODES = ("cold", "warm")
 #: GNU time, which reports the peak RSS of the command it runs (`%M`, KiB).
 TIME = "/usr/bin/time"
@@ -142,27 +144,15 @@ class Dataset(DataDir):
 
     @property
     def params(self) -> dict[str, object]:
-        return {
-            "grid": list(self.grid),
-            "chunk": CHUNK,
-            "shard": SHARD,
-            "generator": GENERATOR,
-            "zarr": zarr.__version__,
-        }
+        return layout(list(self.grid), CHUNK, SHARD, GENERATOR, "zarr")
 
     def build(self) -> None:
-        self.marker.unlink(missing_ok=True)
-        for path in (self.source, self.plain):
-            shutil.rmtree(path, ignore_errors=True)
-        started = time.perf_counter()
-        print(f"writing {self.source}, {self.grid[0]} x {self.grid[1]} chunks ...", flush=True)
-        write_source(self.source, self.grid)
-        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
-        started = time.perf_counter()
-        print(f"materializing the view as {self.plain} ...", flush=True)
-        files = materialize(self.source, self.plain)
-        print(f"  {files} files, {time.perf_counter() - started:.1f} s", flush=True)
-        self.marker.write_text(json.dumps(self.params))
+        self.clear()
+        with step(f"writing {self.source}, {self.grid[0]} x {self.grid[1]} chunks"):
+            write_source(self.source, self.grid)
+        with step(f"materializing the view as {self.plain}"):
+            print(f"  {materialize(self.source, self.plain)} files", flush=True)
+        self.made()
 
 
 @dataclass
@@ -181,14 +171,11 @@ class Synthetic(DataDir):
         return (self.rows, DANDI_SIDE, DANDI_SIDE)
 
     def build(self) -> None:
-        self.marker.unlink(missing_ok=True)
-        shutil.rmtree(self.source, ignore_errors=True)
-        started = time.perf_counter()
-        print(f"writing {self.source}, {' x '.join(map(str, self.grid))} chunks ...", flush=True)
-        write_synthetic(self.source, self.grid)
-        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
+        self.clear()
+        with step(f"writing {self.source}, {' x '.join(map(str, self.grid))} chunks"):
+            write_synthetic(self.source, self.grid)
         check_synthetic(self.source, self.grid)
-        self.marker.write_text(json.dumps(self.params))
+        self.made()
 
 
 def write_synthetic(source: Path, grid: tuple[int, int, int]) -> None:
@@ -241,15 +228,6 @@ def check_synthetic(source: Path, grid: tuple[int, int, int]) -> None:
             raise RuntimeError(f"{source}: zarr-python reads another value at {i, j, k}")
 
 
-def tree_size(top: Path) -> tuple[int, int]:
-    """(files, bytes) below `top`."""
-    files = nbytes = 0
-    for directory, _, names in os.walk(top):
-        files += len(names)
-        nbytes += sum(os.stat(os.path.join(directory, name)).st_size for name in names)
-    return files, nbytes
-
-
 # -- the cases ------------------------------------------------------------------------
 
 
@@ -295,7 +273,7 @@ def measure(cases: list[Case], repeat: int, modes: tuple[str, ...]) -> str:
     checksum all of them printed."""
     seen: set[str] = set()
     for rep in range(repeat):
-        for case in cases[rep % len(cases) :] + cases[: rep % len(cases)]:
+        for case in rotated(cases, rep):
             for mode in modes:
                 if mode == "cold":
                     drop_caches()
@@ -316,36 +294,15 @@ def measure(cases: list[Case], repeat: int, modes: tuple[str, ...]) -> str:
 # -- report ---------------------------------------------------------------------------
 
 
-def ratio_cells(slow: Case, fast: Case, modes: tuple[str, ...], target: float | None) -> str:
-    """How many times faster `fast` is than `slow`, paired per repetition (the two ran close
-    together, so a noisy neighbour slows both): the median, and the range."""
-    cells = []
-    for mode in modes:
-        ratios = sorted(s / f for s, f in zip(slow.times[mode], fast.times[mode], strict=True))
-        ratio = statistics.median(ratios)
-        cell = f"{ratio:.1f}x ({ratios[0]:.1f}-{ratios[-1]:.1f})"
-        if target is not None:
-            cell += f", target >= {target:g}x: {'ok' if ratio >= target else 'BELOW'}"
-        cells.append(cell)
-    return " | ".join(cells)
-
-
-def spread(values: list[float], digits: int) -> str:
-    """The median, and the range when there are several values."""
-    median = f"{statistics.median(values):.{digits}f}"
-    if len(values) == 1:
-        return median
-    return f"{median} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
-
-def report(cases: dict[str, Case], repeat: int, modes: tuple[str, ...]) -> str:
-    header = [f"case (median of {repeat}, range)"]
-    header += [f"{mode} s" for mode in modes] + [f"{mode} peak RSS MiB" for mode in modes]
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (2 * len(modes)) + "|"]
+def report(cases: dict[str, Case], repeat: int, modes: tuple[str, ...], result: Result) -> None:
+    table = result.table(
+        f"Each case's elapsed time and peak resident memory, median (range) of {repeat}",
+        ["case", *(f"{mode} s" for mode in modes), *(f"{mode} peak RSS MiB" for mode in modes)],
+    )
     for case in cases.values():
-        cells = [spread(case.times[m], 2) for m in modes]
-        cells += [spread(case.peaks[m], 0) for m in modes]
-        lines.append(f"| {case.key} {case.label} | " + " | ".join(cells) + " |")
+        cells = [Spread.of(case.times[m], 2) for m in modes]
+        cells += [Spread.of(case.peaks[m], 0) for m in modes]
+        table.row(f"{case.key} {case.label}", *cells)
     pairs = [
         ("b", "a", "**b/a** (zarrsum on the copy / shardfs --virtual)", TARGET),
         ("c", "a", "c/a (shardfs on the copy / shardfs --virtual)", None),
@@ -353,12 +310,22 @@ def report(cases: dict[str, Case], repeat: int, modes: tuple[str, ...]) -> str:
         ("c0", "c", "c0/c (on the copy: baseline / this)", None),
         ("l", "a", "l/a (generated listing / --virtual)", None),
     ]
-    blank = " |" * len(modes)
+    table = result.table(
+        "How many times faster, paired per repetition: median (range)",
+        ["ratio", *modes, "target"],
+    )
     for slow, fast, label, target in pairs:
         if slow in cases and fast in cases:
-            cells = ratio_cells(cases[slow], cases[fast], modes, target)
-            lines.append(f"| {label} | {cells} |{blank}")
-    return "\n".join(lines)
+            ratios = [
+                Spread.of(paired(cases[slow].times[m], cases[fast].times[m]), 1, "x") for m in modes
+            ]
+            verdict = None
+            if target is not None:
+                verdict = f">= {target:g}x: " + ", ".join(
+                    f"{m} {'ok' if r.median >= target else 'BELOW'}"
+                    for m, r in zip(modes, ratios, strict=True)
+                )
+            table.row(label, *ratios, verdict)
 
 
 # -- main -----------------------------------------------------------------------------
@@ -380,6 +347,7 @@ def main() -> int:
         "--shardfs", type=Path, help="run the shardfs package of this tree (default: this one)"
     )
     parser.add_argument("--baseline", type=Path, help="also run (a), (c) with shardfs from here")
+    results.add_option(parser, "checksum")
     args = parser.parse_args()
     if args.chunks < 1 or args.repeat < 1 or (args.synthetic is not None and args.synthetic < 1):
         parser.error("--chunks, --synthetic and --repeat must be positive")
@@ -430,13 +398,20 @@ def main() -> int:
     finally:
         if args.data is None:
             shutil.rmtree(data, ignore_errors=True)
-    print()
-    print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
-    print(machine())
-    print(f"shardfs: {code}" + (f"; baseline: {args.baseline}" if args.baseline else ""))
-    print(described)
-    print(f"checksum (all cases): {checksum}")
-    print(report({case.key: case for case in cases}, args.repeat, modes))
+    result = Result(
+        "checksum",
+        {
+            "chunks": args.chunks if args.source is None and args.synthetic is None else None,
+            "synthetic": args.synthetic,
+            "repeat": args.repeat,
+            "modes": list(modes),
+        },
+    )
+    result.note(f"shardfs: {code}" + (f"; baseline: {args.baseline}" if args.baseline else ""))
+    result.note(described)
+    result.note(f"checksum (all cases): {checksum}")
+    report({case.key: case for case in cases}, args.repeat, modes, result)
+    result.write(results.results_path(args.results))
     return 0
 
 

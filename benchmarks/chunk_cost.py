@@ -2,8 +2,8 @@
 
 Why: one reader through a mount costs the daemon several hundred µs of CPU per
 chunk file, and the daemon serves every request on one thread, so that cost
-caps the mount's throughput (see concurrency.py). This script measures, in one
-run and on the data set of concurrency.py (kept with the same --data), the CPU
+caps the mount's throughput (see concurrency). This script measures, in one
+run and on the data set of concurrency (kept with the same --data), the CPU
 per chunk of the same random chunk reads at three layers:
 
   library: `Namespace.entry` + `open` + `read` (no FUSE, no event loop),
@@ -18,8 +18,8 @@ mount costs beyond the adapter is the FUSE machinery: pyfuse3's request loop,
 trio, and the daemon's side of the kernel's requests. The layers alternate;
 each row is the median of the repetitions. Needs root (FUSE).
 
-    .venv/bin/python benchmarks/chunk_cost.py --data bench-data/concurrency [--repeat 5]
-        [--reads 3000]
+    .venv/bin/python -m benchmarks.chunk_cost --data bench-data/concurrency [--repeat 5]
+        [--reads 3000] [--chunks 160000] [--results PATH]
 """
 
 from __future__ import annotations
@@ -29,17 +29,18 @@ import math
 import os
 import random
 import shutil
-import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import trio
-from common import Interrupts, machine
-from concurrency import ARRAY, SHARD, Dataset, Mounts, chunk_key, cpu_split
 
+from benchmarks.harness import results
+from benchmarks.harness.data.grid import ARRAY, Dataset, Mounts, chunk_key
+from benchmarks.harness.procs import cpu_split
+from benchmarks.harness.results import Result, Spread
+from benchmarks.harness.runs import Interrupts, rotated, run
 from shardfs.fuse.adapter import MountConfig, Operations
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace
@@ -92,12 +93,9 @@ def adapter(dataset: Dataset, picks: list[int]) -> float:
 def mount(mounts: Mounts, picks: list[int]) -> tuple[float, float]:
     """Daemon (user, system) CPU seconds while this process reads `picks` through a fresh
     mount whose daemon holds every index (a stat of one chunk per shard)."""
-    mounted = mounts.fresh()
+    mounted = mounts.warmed()
     top = mounted.path / ARRAY
     grid = mounts.dataset.grid
-    for i in range(0, grid, SHARD):
-        for j in range(0, grid, SHARD):
-            os.stat(top / f"c/{i}/{j}")
     user, system = cpu_split(mounted.process.pid)
     for index in picks:
         with open(top / chunk_key(index, grid), "rb") as file:
@@ -115,10 +113,11 @@ def timed(fn: Callable[[], None]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, help="concurrency.py's data set (default: temp)")
+    parser.add_argument("--data", type=Path, help="the concurrency data set (default: temp)")
     parser.add_argument("--chunks", type=int, default=160_000, help="inner chunks (about)")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions (median reported)")
     parser.add_argument("--reads", type=int, default=3000, help="distinct chunks per measurement")
+    results.add_option(parser, "chunk_cost")
     args = parser.parse_args()
     if args.repeat < 1 or args.reads < 1 or args.chunks < args.reads:
         parser.error("--repeat and --reads must be positive, and --chunks at least --reads")
@@ -137,7 +136,7 @@ def main() -> int:
             dataset.build(mounts)
         for rep in range(args.repeat):
             picks = random.Random(rep).sample(range(dataset.grid**2), args.reads)
-            order = list(layers)[rep % 3 :] + list(layers)[: rep % 3]
+            order = rotated(list(layers), rep)
             for name in order:
                 if name == "mount":
                     user, kernel = mount(mounts, picks)
@@ -151,26 +150,26 @@ def main() -> int:
         mounts.stop()
         if args.data is None:
             shutil.rmtree(data, ignore_errors=True)
-    median = {name: statistics.median(values) for name, values in layers.items()}
-    print()
-    print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
-    print(machine())
-    print(f"{args.reads} distinct random chunks per measurement, indexes cached\n")
-    print(f"| layer | CPU µs per chunk (median of {args.repeat}) | range | / library |")
-    print("|---|---:|---:|---:|")
-    for name, values in layers.items():
-        print(
-            f"| {name} | {median[name]:.0f} | {min(values):.0f}-{max(values):.0f} "
-            f"| {median[name] / median['library']:.2f}x |"
-        )
-    beyond = median["mount"] - median["adapter"]
-    print(
-        f"\nFUSE machinery (mount - adapter): {beyond:.0f} µs per chunk, "
-        f"{beyond / median['mount']:.0%} of the daemon's CPU; of the daemon's CPU, "
-        f"{statistics.median(system):.0f} µs per chunk is system time"
+    spreads = {name: Spread.of(values, 0) for name, values in layers.items()}
+    result = Result(
+        "chunk_cost", {"chunks": dataset.grid**2, "reads": args.reads, "repeat": args.repeat}
     )
+    table = result.table(
+        f"{args.reads} distinct random chunks per measurement, indexes cached; CPU µs per "
+        f"chunk, median (range) of {args.repeat}",
+        ["layer", "CPU µs per chunk", "/ library"],
+    )
+    for name, spread in spreads.items():
+        table.row(name, spread, f"{spread.median / spreads['library'].median:.2f}x")
+    beyond = spreads["mount"].median - spreads["adapter"].median
+    result.note(
+        f"FUSE machinery (mount - adapter): {beyond:.0f} µs per chunk, "
+        f"{beyond / spreads['mount'].median:.0%} of the daemon's CPU; of the daemon's CPU, "
+        f"{Spread.of(system, 0).median:.0f} µs per chunk is system time"
+    )
+    result.write(results.results_path(args.results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

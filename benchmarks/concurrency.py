@@ -28,8 +28,8 @@ or runnable but waiting for a CPU (together near 100%: the loop is saturated),
 the readers' CPU (100% = one core) and how busy all cores were, other jobs
 included. Needs root (FUSE).
 
-    .venv/bin/python benchmarks/concurrency.py [--chunks 160000] [--data DIR] [--repeat 3]
-        [--seconds 3] [--readers 1,2,4,8] [--kinds raw,zarr]
+    .venv/bin/python -m benchmarks.concurrency [--chunks 160000] [--data DIR] [--repeat 3]
+        [--seconds 3] [--readers 1,2,4,8] [--kinds raw,zarr] [--results PATH]
 
 Without --data, the data lives in a temporary directory that is removed at the
 end; with it, the data is kept and reused by the next run with the same options.
@@ -39,41 +39,43 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import multiprocessing
 import os
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from importlib.metadata import version
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import numpy as np
-import tensorstore as ts
 import zarr
-from common import DataDir, Interrupts, MountManager, machine, run
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from tests.conftest import Mounted  # noqa: E402
+from benchmarks.harness import results
+from benchmarks.harness.caches import Warmth, cache_drops
+from benchmarks.harness.data.grid import (
+    ARRAY,
+    CHUNK,
+    GENERATOR,
+    SAMPLE,
+    SHARD,
+    Dataset,
+    Mounts,
+    chunk_key,
+    chunk_region,
+    values,
+)
+from benchmarks.harness.procs import cpu, machine_busy, thread_sched
+from benchmarks.harness.results import Result, Spread
+from benchmarks.harness.runs import Interrupts, paired, rotated, run
+from tests.conftest import Mounted
 
-#: Inner chunk edge (uint16), and inner chunks per shard along each axis.
-CHUNK = 32
-SHARD = 16
-ARRAY = "data"
-#: Bumped whenever the generated data changes, so an old data set is not reused.
-GENERATOR = 1
-#: Chunk files compared between the mount and the plain copy when the data set is built.
-SAMPLE = 1000
 #: Attempts at a measurement during which other jobs keep dropping the caches.
 RETRIES = 3
 KINDS = {
@@ -81,146 +83,6 @@ KINDS = {
     "zarr": "zarr-python 3 reads and decodes one chunk",
 }
 SIDES = ("mount", "plain")
-GROUP = {"zarr_format": 3, "node_type": "group", "attributes": {}}
-CLOCK_TICK = os.sysconf("SC_CLK_TCK")
-
-
-# -- the data set ---------------------------------------------------------------------
-
-
-def values(rows: slice, cols: slice) -> np.ndarray:
-    """The array's content, from its coordinates alone (never the fill value 0)."""
-    y = np.arange(rows.start, rows.stop, dtype=np.uint32)[:, None]
-    x = np.arange(cols.start, cols.stop, dtype=np.uint32)[None, :]
-    return (1 + (y * 131 + x * 7 + (y ^ x)) % 65521).astype(np.uint16)
-
-
-def chunk_region(index: int, grid: int) -> tuple[slice, slice]:
-    i, j = divmod(index, grid)
-    return slice(i * CHUNK, (i + 1) * CHUNK), slice(j * CHUNK, (j + 1) * CHUNK)
-
-
-def chunk_key(index: int, grid: int) -> str:
-    return "c/{}/{}".format(*divmod(index, grid))
-
-
-def write_array(path: Path, grid: int, sharded: bool) -> None:
-    """The array (grid x grid chunks) written by tensorstore, one row of shards at a time."""
-    inner = ["bytes", {"name": "zstd", "configuration": {"level": 3}}]
-    codecs = inner
-    if sharded:
-        config = {
-            "chunk_shape": [CHUNK, CHUNK],
-            "codecs": inner,
-            "index_codecs": ["bytes", "crc32c"],
-        }
-        codecs = [{"name": "sharding_indexed", "configuration": config}]
-    edge = CHUNK * SHARD if sharded else CHUNK
-    metadata = {
-        "shape": [grid * CHUNK] * 2,
-        "data_type": "uint16",
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [edge, edge]}},
-        "codecs": codecs,
-        "fill_value": 0,
-    }
-    path.mkdir(parents=True)
-    (path / "zarr.json").write_text(json.dumps(GROUP))
-    spec = {
-        "driver": "zarr3",
-        "kvstore": {"driver": "file", "path": f"{path / ARRAY}/"},
-        "metadata": metadata,
-        "context": {"file_io_sync": False},  # the benchmark needs no durability
-    }
-    array = ts.open(spec, create=True).result()
-    side, rows = grid * CHUNK, CHUNK * SHARD
-    for start in range(0, side, rows):
-        region = (slice(start, min(start + rows, side)), slice(0, side))
-        array[region] = values(*region)
-
-
-@dataclass
-class Dataset(DataDir):
-    grid: int
-
-    @property
-    def params(self) -> dict[str, object]:
-        return {
-            "grid": self.grid,
-            "chunk": CHUNK,
-            "shard": SHARD,
-            "generator": GENERATOR,
-            "tensorstore": version("tensorstore"),
-        }
-
-    def build(self, mounts: Mounts) -> None:
-        """Write both arrays, give the copy the view's `zarr.json`, and compare a sample of
-        chunk files through a mount."""
-        self.marker.unlink(missing_ok=True)
-        for path in (self.source, self.plain):
-            shutil.rmtree(path, ignore_errors=True)
-        for path, sharded in ((self.source, True), (self.plain, False)):
-            started = time.perf_counter()
-            print(f"writing {path}, {self.grid} x {self.grid} chunks ...", flush=True)
-            write_array(path, self.grid, sharded)
-            print(f"  {time.perf_counter() - started:.1f} s", flush=True)
-        view = mounts.fresh().path / ARRAY
-        shutil.copyfile(view / "zarr.json", self.plain / ARRAY / "zarr.json")
-        rng = random.Random(GENERATOR)
-        for index in rng.sample(range(self.grid**2), min(SAMPLE, self.grid**2)):
-            key = chunk_key(index, self.grid)
-            if (view / key).read_bytes() != (self.plain / ARRAY / key).read_bytes():
-                raise RuntimeError(f"{key}: the plain copy differs from the view")
-        mounts.stop()
-        self.marker.write_text(json.dumps(self.params))
-
-
-def warm(top: Path) -> None:
-    """Read every file below `top` once: page cache and dentries warm."""
-    for directory, _, names in os.walk(top):
-        for name in names:
-            with open(os.path.join(directory, name), "rb") as file:
-                while file.read(1 << 20):
-                    pass
-
-
-def cache_drops() -> tuple[int, ...]:
-    """How often anyone dropped the page cache or dentries (`drop_caches`) since boot."""
-    with open("/proc/vmstat") as f:
-        return tuple(int(line.split()[1]) for line in f if line.startswith("drop_"))
-
-
-class Warmth:
-    """Both trees kept warm on a shared machine, whose other jobs drop the caches now and
-    then: warmed again whenever /proc/vmstat counts a drop since the last warming."""
-
-    def __init__(self, *tops: Path) -> None:
-        self.tops = tops
-        self.warmed: tuple[int, ...] | None = None
-
-    def ensure(self) -> None:
-        while (drops := cache_drops()) != self.warmed:  # again if dropped while warming
-            for top in self.tops:
-                warm(top)
-            self.warmed = drops
-
-
-# -- mounts ---------------------------------------------------------------------------
-
-
-class Mounts(MountManager):
-    """Mounts of the data set, warmed."""
-
-    def warmed(self) -> Mounted:
-        """A fresh mount whose daemon has read every shard index (a stat of one chunk file
-        per shard), as a long-running one would have."""
-        mounted = self.fresh()
-        grid = self.dataset.grid
-        for i in range(0, grid, SHARD):
-            for j in range(0, grid, SHARD):
-                os.stat(mounted.path / ARRAY / f"c/{i}/{j}")
-        return mounted
-
-
 # -- the readers ----------------------------------------------------------------------
 
 
@@ -267,39 +129,12 @@ def read_chunks(
         raise
 
 
-def cpu_split(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds a process used so far, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return int(fields[11]) / CLOCK_TICK, int(fields[12]) / CLOCK_TICK
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process used so far."""
-    return sum(cpu_split(pid))
-
-
-def thread_sched(pid: int) -> tuple[float, float]:
-    """(seconds running, seconds runnable but waiting for a CPU) of the main thread of `pid`:
-    the daemon's event loop, where it serves every request that needs no waiting I/O."""
-    with open(f"/proc/{pid}/schedstat") as f:
-        running, waiting, _ = (int(n) for n in f.read().split())
-    return running / 1e9, waiting / 1e9
-
-
 def daemon_times(daemon: Mounted | None) -> tuple[float, float, float]:
     """(CPU seconds of all its threads, seconds its loop thread ran, seconds that thread
     waited for a CPU) so far; zeros without a daemon."""
     if daemon is None:
         return 0.0, 0.0, 0.0
-    return (process_cpu(daemon.process.pid), *thread_sched(daemon.process.pid))
-
-
-def machine_busy() -> tuple[int, int]:
-    """(busy, total) jiffies of all cores since boot."""
-    with open("/proc/stat") as f:
-        jiffies = [int(n) for n in f.readline().split()[1:]]
-    return jiffies[0] + jiffies[1] + jiffies[2] + sum(jiffies[5:8]), sum(jiffies[:8])
+    return (cpu(daemon.process.pid), *thread_sched(daemon.process.pid))
 
 
 # -- the cases ------------------------------------------------------------------------
@@ -423,7 +258,7 @@ def measure(bench: Bench, cases: list[Case], repeat: int) -> int:
     disturbed = 0
     for rep in range(repeat):
         permutation = np.random.default_rng([GENERATOR, rep]).permutation(total).tolist()
-        order = cases[rep % len(cases) :] + cases[: rep % len(cases)]
+        order = rotated(cases, rep)
         for case in order:
             slot = [c for c in cases if c.side == case.side].index(case)
             chunks = permutation[slot * share : (slot + 1) * share]
@@ -455,38 +290,45 @@ def measure(bench: Bench, cases: list[Case], repeat: int) -> int:
 # -- report ---------------------------------------------------------------------------
 
 
-def ratio(num: Case, den: Case) -> str:
+def ratio(num: Case, den: Case) -> Spread:
     """num/den throughput, paired per repetition (the two ran close together, so a noisy
     neighbour slows both): the median, and the range."""
-    ratios = sorted(n.rate / d.rate for n, d in zip(num.samples, den.samples, strict=True))
-    return f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+    return Spread.of(paired([n.rate for n in num.samples], [d.rate for d in den.samples]))
 
 
-def report(cases: dict[tuple[str, str, int], Case], readers: list[int], repeat: int) -> str:
-    lines = []
+def report(
+    cases: dict[tuple[str, str, int], Case], readers: list[int], repeat: int, result: Result
+) -> None:
     for kind in dict.fromkeys(k for _, k, _ in cases):
-        lines += [
-            "",
+        table = result.table(
             f"{kind}: {KINDS[kind]}; chunks/s of all readers together, median of {repeat}",
-            "",
-            "| readers | mount chunks/s | plain chunks/s | mount N/1 | plain N/1 | mount/plain "
-            "| daemon CPU per chunk | daemon loop: running + waiting for a CPU "
-            "| readers CPU mount / plain | cores busy mount / plain |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
+            [
+                "readers",
+                "mount chunks/s",
+                "plain chunks/s",
+                "mount N/1",
+                "plain N/1",
+                "mount/plain",
+                "daemon CPU µs per chunk",
+                "daemon loop: running + waiting for a CPU",
+                "readers CPU mount / plain",
+                "cores busy mount / plain",
+            ],
+        )
         for n in readers:
             mount, plain = cases["mount", kind, n], cases["plain", kind, n]
-            lines.append(
-                f"| {n} | {mount.median('rate'):.0f} | {plain.median('rate'):.0f} "
-                f"| {ratio(mount, cases['mount', kind, readers[0]])} "
-                f"| {ratio(plain, cases['plain', kind, readers[0]])} "
-                f"| {ratio(mount, plain)} "
-                f"| {1e6 * mount.median('daemon_per_chunk'):.0f} µs "
-                f"| {mount.median('loop_running'):.0f}% + {mount.median('loop_waiting'):.0f}% "
-                f"| {mount.median('reader_cpu'):.0f}% / {plain.median('reader_cpu'):.0f}% "
-                f"| {mount.median('busy'):.0f}% / {plain.median('busy'):.0f}% |"
+            table.row(
+                n,
+                round(mount.median("rate")),
+                round(plain.median("rate")),
+                ratio(mount, cases["mount", kind, readers[0]]),
+                ratio(plain, cases["plain", kind, readers[0]]),
+                ratio(mount, plain),
+                round(1e6 * mount.median("daemon_per_chunk")),
+                f"{mount.median('loop_running'):.0f}% + {mount.median('loop_waiting'):.0f}%",
+                f"{mount.median('reader_cpu'):.0f}% / {plain.median('reader_cpu'):.0f}%",
+                f"{mount.median('busy'):.0f}% / {plain.median('busy'):.0f}%",
             )
-    return "\n".join(lines)
 
 
 def stored_sizes(top: Path, grid: int, sample: int) -> Iterator[int]:
@@ -506,6 +348,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="length of one measurement")
     parser.add_argument("--readers", default="1,2,4,8", help="reader counts, the first the base")
     parser.add_argument("--kinds", default="raw,zarr", help=f"kinds of read: {','.join(KINDS)}")
+    results.add_option(parser, "concurrency")
     args = parser.parse_args()
     readers = [int(n) for n in args.readers.split(",")]
     kinds = args.kinds.split(",")
@@ -531,11 +374,12 @@ def main() -> int:
         else:
             dataset.build(mounts)
         sizes = list(stored_sizes(dataset.plain / ARRAY, dataset.grid, SAMPLE))
-        print(
+        described = (
             f"array {dataset.grid * CHUNK} x {dataset.grid * CHUNK} uint16, chunks {CHUNK}^2, "
             f"shards {CHUNK * SHARD}^2, zstd: {dataset.grid**2} chunks, about "
             f"{statistics.mean(sizes) / 1024:.2f} KiB each stored"
         )
+        print(described)
         bench = Bench(dataset, mounts, interrupts, args.seconds)
         disturbed = measure(bench, list(cases.values()), args.repeat)
         mounts.stop()
@@ -545,14 +389,23 @@ def main() -> int:
         mounts.stop()
         if args.data is None:
             shutil.rmtree(data, ignore_errors=True)
-    print()
-    print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
-    print(machine())
-    print(
+    result = Result(
+        "concurrency",
+        {
+            "chunks": dataset.grid**2,
+            "repeat": args.repeat,
+            "seconds": args.seconds,
+            "readers": readers,
+            "kinds": kinds,
+        },
+    )
+    result.note(described)
+    result.note(
         f"{args.seconds:g} s per measurement; daemon log: {len(errors)} ERROR/Traceback lines; "
         f"measurements disturbed by cache drops: {disturbed}"
     )
-    print(report(cases, readers, args.repeat))
+    report(cases, readers, args.repeat, result)
+    result.write(results.results_path(args.results))
     return 1 if errors else 0
 
 

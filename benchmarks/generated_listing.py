@@ -3,14 +3,16 @@
 Why: `shardfs checksum COPY` of a plain copy of a 10,000,000-chunk view would
 need 10M files on disk (10M inodes). This runs what that command runs,
 `stored_checksum` with one thread per core, over a `Storage` that lists and
-reads the plain copy of the view of a source made by `checksum.py --synthetic
+reads the plain copy of the view of a source made by `checksum --synthetic
 ROWS` (the DANDI layout, ROWS x 100 x 100 chunks of one byte): the view's two
 `zarr.json` documents (read once from SOURCE through the view), and chunk files
 `data/c/<i>/<j>/<k>` of one byte each, made up from their coordinates (the
 values the synthetic shards hold). It prints the checksum, which must be what
 `shardfs checksum --virtual SOURCE` prints.
 
-    python benchmarks/generated_listing.py SOURCE ROWS
+    .venv/bin/python benchmarks/generated_listing.py SOURCE ROWS
+
+(a file, not a module: `checksum` runs it with another tree's shardfs on the path)
 """
 
 from __future__ import annotations

@@ -14,29 +14,27 @@ handler under trio and counts its thread CPU. It compares:
             `-o ro` mount is: a LOOKUP then a READ of every chunk file of the
             first `--dirs` chunk directories `data/c/<i>/<j>` (100 files each),
             the first lookup of each directory included. The source is
-            `per_file.py`'s data set (64-byte chunk files written by zarr-python
+            `per_file`'s data set (64-byte chunk files written by zarr-python
             3) or, with --source, any array at `data` laid out so, such as the
-            DANDI layout of `scale.py --layout dandi` (written by tensorstore);
-  floor     `floor.py`'s handlers (a dict-free integer lookup, the bytes from
+            DANDI layout of `scale --layout dandi` (written by tensorstore);
+  floor     the `serve` floor's handlers (a dict-free integer lookup, the bytes from
             memory) for the same count of files, the least any handler costs;
 
 for each sweep size given, the median of `--repeat` passes (each over fresh
 `Operations`), in µs per call, and shardfs / floor. Only the handlers are counted:
 no kernel, no request loop. No root needed.
 
-    .venv/bin/python benchmarks/handler_cost.py [--data DIR | --source SHARDED]
-        [--dirs 20] [--flush 0 8192] [--repeat 5]
+    .venv/bin/python -m benchmarks.handler_cost [--data DIR | --source SHARDED]
+        [--dirs 20] [--flush 0 8192] [--repeat 5] [--results PATH]
 
---data is a per_file.py data directory (made, with 20,000 files, if it holds none);
+--data is a per_file data directory (made, with 20,000 files, if it holds none);
 --source a sharded store to read instead, e.g. bench-data/scale-dandi-10/sharded.zarr.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -46,10 +44,12 @@ from typing import Any, TypeVar
 import numpy as np
 import pyfuse3
 import trio
-from common import machine, run
-from floor import Floor
-from per_file import ARRAY, PER_DIR, Dataset
 
+from benchmarks.harness import results
+from benchmarks.harness.data.tiny import ARRAY, PER_DIR, Dataset
+from benchmarks.harness.floors import Floor
+from benchmarks.harness.results import Result
+from benchmarks.harness.runs import run
 from shardfs.fuse.adapter import MountConfig, Operations
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace
@@ -108,6 +108,7 @@ def main() -> int:
     parser.add_argument("--dirs", type=int, default=20)
     parser.add_argument("--flush", type=int, nargs="+", default=[0, 8192])
     parser.add_argument("--repeat", type=int, default=5)
+    results.add_option(parser, "handler_cost")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         source = args.source
@@ -117,12 +118,20 @@ def main() -> int:
                 dataset.build()
             source = dataset.source
         files = args.dirs * PER_DIR
-        print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
-        print(machine())
-        print(f"{files} chunk files of {source}, a lookup and a read each; µs of thread CPU per")
-        print(f"call, median of {args.repeat} passes (each pass: the mean over its calls)\n")
-        print("| sweep before each call | handler | shardfs | floor | shardfs / floor |")
-        print("|---|---|---:|---:|---:|")
+        result = Result(
+            "handler_cost",
+            {
+                "dirs": args.dirs,
+                "flush_kib": args.flush,
+                "repeat": args.repeat,
+                "source": "per_file data set" if args.source is None else str(args.source),
+            },
+        )
+        table = result.table(
+            f"{files} chunk files, a lookup and a read each; µs of thread CPU per call, median "
+            f"of {args.repeat} passes (each pass: the mean over its calls)",
+            ["sweep before each call", "handler", "shardfs µs", "floor µs", "shardfs / floor"],
+        )
         for kib in args.flush:
             sweep = Sweep(kib)
             means: dict[tuple[str, str], list[float]] = {}
@@ -139,7 +148,8 @@ def main() -> int:
                 mine = statistics.median(means[("shardfs", handler)])
                 floor = statistics.median(means[("floor", handler)])
                 label = f"{kib} KiB" if kib else "none (caches warm)"
-                print(f"| {label} | {handler} | {mine:.1f} | {floor:.1f} | {mine / floor:.1f}x |")
+                table.row(label, handler, round(mine, 1), round(floor, 1), f"{mine / floor:.1f}x")
+    result.write(results.results_path(args.results))
     return 0
 
 

@@ -14,8 +14,8 @@ daemon's peak memory (VmHWM) after those reads; then it reads big's
 `zarr.json` once through the mount (what a reader opening the array does
 first) and prints that time and the peak memory after it. Needs root (FUSE).
 
-    .venv/bin/python benchmarks/metadata_cost.py --before REV [--after REV] [--mib 64]
-        [--reads 10]
+    .venv/bin/python -m benchmarks.metadata_cost --before REV [--after REV] [--mib 64]
+        [--reads 10] [--results PATH]
 """
 
 from __future__ import annotations
@@ -25,18 +25,21 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import zarr
-from common import Interrupts, machine
 
-from tests.conftest import Mounted, stop_mount, wait_mounted
+from benchmarks.harness import results
+from benchmarks.harness.daemons import start_shardfs
+from benchmarks.harness.machine import ROOT as REPO
+from benchmarks.harness.procs import memory
+from benchmarks.harness.results import Result
+from benchmarks.harness.runs import Interrupts, run
+from tests.conftest import Mounted, stop_mount
 
-REPO = Path(__file__).resolve().parent.parent
 SHAPE, SHARDS, CHUNKS = (128, 128), (64, 64), (8, 8)
 ARRAYS = ("small", "big")
 
@@ -67,29 +70,12 @@ def extract(revision: str, target: Path) -> Path:
 
 def start(code: Path, source: Path, mountpoint: Path, log: Path) -> Mounted:
     """`shardfs mount -f -o ro` running the package in directory `code`."""
-    mountpoint.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(code))
-    args = [
-        sys.executable,
-        "-m",
-        "shardfs",
-        "mount",
-        str(source),
-        str(mountpoint),
-        "-f",
-        "-o",
-        "ro",
-    ]
-    with open(log, "ab") as out:
-        process = subprocess.Popen(
-            args, stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env, cwd=code
-        )
-    return wait_mounted(Mounted(mountpoint, process, log, ("ro",)), timeout=60)
+    return start_shardfs(source, mountpoint, log, "ro", env=env, cwd=code, timeout=60)
 
 
 def peak_memory(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmHWM"))
+    return memory(pid, "VmHWM") << 10
 
 
 def chunk_files(reads: int) -> list[str]:
@@ -125,13 +111,14 @@ def main() -> int:
     parser.add_argument("--after", help="git revision to measure (default: the working tree)")
     parser.add_argument("--mib", type=int, default=64, help="size of big's zarr.json (MiB)")
     parser.add_argument("--reads", type=int, default=10, help="distinct chunks per array")
+    results.add_option(parser, "metadata_cost")
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("needs root: FUSE mounts")
     interrupts = Interrupts()
     work = Path(tempfile.mkdtemp(prefix="shardfs-metadata-cost-"))
-    results: dict[str, dict[str, list[float]]] = {}
-    memory: dict[str, int] = {}
+    results_: dict[str, dict[str, list[float]]] = {}
+    memory_: dict[str, int] = {}
     document: dict[str, tuple[float, int]] = {}
     mounted: Mounted | None = None
     try:
@@ -145,8 +132,8 @@ def main() -> int:
             with interrupts.deferred():
                 mounted = start(code, work / "src", work / "mnt", work / "mount.log")
             print(f"  {label}: measuring", flush=True)
-            results[label] = measure(mounted.path, args.reads)
-            memory[label] = peak_memory(mounted.process.pid)
+            results_[label] = measure(mounted.path, args.reads)
+            memory_[label] = peak_memory(mounted.process.pid)
             start_time = time.perf_counter()
             assert len((mounted.path / "big" / "zarr.json").read_bytes()) > sizes["big"] // 2
             seconds = time.perf_counter() - start_time
@@ -160,35 +147,46 @@ def main() -> int:
                 stop_mount(mounted)
         shutil.rmtree(work, ignore_errors=True)
 
-    print()
-    print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
-    print(machine())
-    print(
-        f"{args.reads} distinct chunk files per array, opened and read through a -o ro mount, "
-        "shard indexes cached; median wall time per chunk\n"
+    result = Result(
+        "metadata_cost",
+        {"before": args.before, "after": args.after, "mib": args.mib, "reads": args.reads},
     )
-    small, big = (f"{sizes[n] / (1 << 20):.1f} MiB" if sizes[n] > 1 << 20 else f"{sizes[n]} B"
-                  for n in ARRAYS)  # fmt: skip
-    print(f"| shardfs | small zarr.json ({small}) | big zarr.json ({big}) | big / small "
-          "| daemon peak memory | big zarr.json read once | peak memory after it |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    small, big = (
+        f"{sizes[n] / (1 << 20):.1f} MiB" if sizes[n] > 1 << 20 else f"{sizes[n]} B" for n in ARRAYS
+    )
+    table = result.table(
+        f"{args.reads} distinct chunk files per array, opened and read through a -o ro mount, "
+        "shard indexes cached; median wall time per chunk",
+        ["shardfs", f"small zarr.json ({small}) ms", f"big zarr.json ({big}) ms", "big / small",
+         "daemon peak MiB", "big zarr.json read once s", "peak MiB after it"],
+    )  # fmt: skip
     median = {
         label: {name: statistics.median(times[name]) for name in ARRAYS}
-        for label, times in results.items()
+        for label, times in results_.items()
     }
     for label, row in median.items():
-        print(
-            f"| {label} | {row['small'] * 1e3:.2f} ms | {row['big'] * 1e3:.2f} ms "
-            f"| {row['big'] / row['small']:.1f}x | {memory[label] / (1 << 20):.0f} MiB "
-            f"| {document[label][0]:.1f} s | {document[label][1] / (1 << 20):.0f} MiB |"
+        table.row(
+            label,
+            round(row["small"] * 1e3, 2),
+            round(row["big"] * 1e3, 2),
+            f"{row['big'] / row['small']:.1f}x",
+            round(memory_[label] / (1 << 20)),
+            round(document[label][0], 1),
+            round(document[label][1] / (1 << 20)),
         )
     before, after = median.values()
-    print(
-        f"| before / after | {before['small'] / after['small']:.1f}x "
-        f"| {before['big'] / after['big']:.0f}x | | | | |"
+    table.row(
+        "before / after",
+        f"{before['small'] / after['small']:.1f}x",
+        f"{before['big'] / after['big']:.0f}x",
+        None,
+        None,
+        None,
+        None,
     )
+    result.write(results.results_path(args.results))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

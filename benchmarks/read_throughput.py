@@ -29,169 +29,53 @@ repetition. Each size given runs as a run of its own, on a data set of its own;
 the large one keeps start-up (the mount's, zarr's) from dominating the ratio.
 Needs root (drop_caches, FUSE).
 
-    .venv/bin/python benchmarks/read_throughput.py [--size-mib 512 1024] [--data DIR]
-        [--repeat 5] [--readers 4]
+    .venv/bin/python -m benchmarks.read_throughput [--size-mib 512 1024] [--data DIR]
+        [--repeat 5] [--readers 4] [--results PATH]
+
+Each size writes its own result, `read_throughput-<size>mib` (`--results` names the
+directory then, where more than one size is given).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import zarr
-from common import DataDir, Interrupts, MountManager, machine, run
-from zarr.codecs import ZstdCodec
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from shardfs.fuse import control  # noqa: E402
-from tests.conftest import Mounted  # noqa: E402
+from benchmarks.harness import results
+from benchmarks.harness.caches import drop_caches
+from benchmarks.harness.daemons import MountManager
+from benchmarks.harness.data.read import (
+    ARRAY,
+    CHUNK,
+    GENERATOR,
+    SHARD,
+    Dataset,
+    file_sizes,
+    generate,
+    shape_for,
+    shard_regions,
+    zarr_read,
+)
+from benchmarks.harness.machine import ROOT
+from benchmarks.harness.procs import cpu as daemon_cpu
+from benchmarks.harness.results import Result, Spread
+from benchmarks.harness.runs import Interrupts, rotated, run
+from shardfs.fuse import control
 
-CHUNK = 64
-SHARD = 256
-PLANE = (1024, 1024)  # one z plane of uint8 is 1 MiB
-ARRAY = "data"
-#: Bumped whenever the generated data changes, so an old data set is not reused.
-GENERATOR = 1
-#: Skewed small noise (P(0)=150/256 ... P(3)=16/256) on a slowly varying field:
-#: zstd gets chunks of 64^3 bytes (256 KiB) down to roughly 70-100 KiB.
-NOISE = np.repeat(np.arange(4, dtype=np.uint8), [150, 60, 30, 16])
 TARGETS = {"cold": 0.9, "warm": 0.95}
 
 
-# -- the data set ---------------------------------------------------------------------
-
-
-def shape_for(size_mib: int) -> tuple[int, int, int]:
-    """(depth, 1024, 1024): at least `size_mib` MiB, a whole number of chunks deep."""
-    depth = math.ceil(size_mib / CHUNK) * CHUNK
-    return (depth, *PLANE)
-
-
-def generate(origin: tuple[int, ...], shape: tuple[int, ...], seed: int) -> np.ndarray:
-    """The values of the block at `origin`; deterministic, so any region can be checked."""
-    z, y, x = (np.arange(o, o + n, dtype=np.float32) for o, n in zip(origin, shape, strict=True))
-    smooth = (
-        15 * np.sin(z / 230)[:, None, None]
-        + 15 * np.sin(y / 310)[None, :, None]
-        + 15 * np.cos(x / 170)[None, None, :]
-        + 128
-    ).astype(np.uint8)
-    rng = np.random.default_rng([seed, *origin])
-    return smooth + NOISE[rng.integers(0, 256, size=shape, dtype=np.uint8)]
-
-
-def shard_regions(shape: tuple[int, ...]) -> Iterator[tuple[slice, ...]]:
-    for z in range(0, shape[0], SHARD):
-        for y in range(0, shape[1], SHARD):
-            for x in range(0, shape[2], SHARD):
-                yield tuple(
-                    slice(o, min(o + SHARD, n)) for o, n in zip((z, y, x), shape, strict=True)
-                )
-
-
-def write_source(source: Path, shape: tuple[int, ...]) -> None:
-    """The sharded array, written by zarr-python 3 one whole shard at a time."""
-    group = zarr.open_group(source, mode="w")
-    array = group.create_array(
-        ARRAY,
-        shape=shape,
-        dtype="uint8",
-        chunks=(CHUNK,) * 3,
-        shards=(SHARD,) * 3,
-        compressors=ZstdCodec(level=3),
-        fill_value=0,
-    )
-    for region in shard_regions(shape):
-        origin = tuple(s.start for s in region)
-        array[region] = generate(origin, tuple(s.stop - s.start for s in region), GENERATOR)
-
-
-def file_sizes(top: Path) -> dict[str, int]:
-    """Every regular file below `top` (relative path -> bytes), to count what a cat reads."""
-    return {
-        str(p.relative_to(top)): p.stat().st_size for p in sorted(top.rglob("*")) if p.is_file()
-    }
-
-
-@dataclass
-class Dataset(DataDir):
-    """The benchmark's files under the data directory."""
-
-    shape: tuple[int, int, int]
-
-    @property
-    def params(self) -> dict[str, object]:
-        return {
-            "shape": list(self.shape),
-            "chunks": CHUNK,
-            "shards": SHARD,
-            "generator": GENERATOR,
-            "zarr": zarr.__version__,
-        }
-
-    def ready(self) -> bool:
-        return super().ready() and all(
-            (d / ARRAY / "zarr.json").is_file() for d in (self.source, self.plain)
-        )
-
-    def build(self, mounts: MountManager) -> None:
-        """Write the sharded source, then copy the plain array out of a mount of it."""
-        self.marker.unlink(missing_ok=True)
-        for path in (self.source, self.plain):
-            shutil.rmtree(path, ignore_errors=True)
-        started = time.perf_counter()
-        print(f"writing {self.source} {self.shape} ...", flush=True)
-        write_source(self.source, self.shape)
-        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
-        mounted = mounts.fresh()
-        print(f"copying {self.plain} out of the mount ...", flush=True)
-        subprocess.run(["cp", "-r", f"{mounted.path}/.", str(self.plain)], check=True)
-        # Byte for byte, every file: the copy is what the mount serves.
-        subprocess.run(["diff", "-rq", str(mounted.path), str(self.plain)], check=True)
-        mounts.stop()
-        self.marker.write_text(json.dumps(self.params))
-
-
-# -- mounts and caches ----------------------------------------------------------------
-
-
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-class ColdMounts(MountManager):
-    """Mounts on empty caches."""
-
-    def fresh(self) -> Mounted:
-        """A new daemon on empty caches: unmount, drop the page cache, mount."""
-        self.stop()
-        drop_caches()
-        return super().fresh()
-
-
 # -- the cases ------------------------------------------------------------------------
-
-
-def daemon_cpu(pid: int) -> float:
-    """CPU seconds (user + system, all threads) process `pid` has used."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -232,37 +116,6 @@ class Pair:
         ]
 
 
-def zarr_read(path: Path, sharded: bool, readers: int = 1) -> Callable[[], np.ndarray]:
-    """The whole array read by zarr-python 3; with `readers` > 1, by that many threads at
-    once, each reading its own slab along y (whole shards where the shape allows)."""
-
-    def open_checked() -> zarr.Array:
-        array = zarr.open_array(path, mode="r")
-        if (array.shards is not None) != sharded:
-            raise RuntimeError(f"{path}: expected sharded={sharded}, got shards={array.shards}")
-        return array
-
-    def read() -> np.ndarray:
-        return open_checked()[...]
-
-    def read_parallel() -> np.ndarray:
-        array = open_checked()
-        out = np.empty(array.shape, dtype=array.dtype)
-        height = array.shape[1]
-        step = max(SHARD, math.ceil(height / readers / SHARD) * SHARD)
-        slabs = [slice(y, min(y + step, height)) for y in range(0, height, step)]
-
-        def part(slab: slice) -> None:
-            out[:, slab, :] = array[:, slab, :]
-
-        with ThreadPoolExecutor(readers) as pool:
-            for done in [pool.submit(part, slab) for slab in slabs]:
-                done.result()
-        return out
-
-    return read if readers == 1 else read_parallel
-
-
 def cat_read(path: Path) -> Callable[[], None]:
     def read() -> None:
         subprocess.run(
@@ -300,7 +153,7 @@ class Runner:
     """Times reads, COLD after dropping the page cache (and, for the mount, with a fresh
     daemon), WARM at once."""
 
-    def __init__(self, mounts: ColdMounts, checker: Checker, rep: str) -> None:
+    def __init__(self, mounts: MountManager, checker: Checker, rep: str) -> None:
         self.mounts = mounts
         self.checker = checker
         self.rep = rep
@@ -348,7 +201,7 @@ def measure(pairs: list[Pair], alone: list[Case], repeat: int, runner: Runner) -
     cases measured alone."""
     for rep in range(repeat):
         runner.rep = f"{rep + 1}/{repeat}"
-        for pair in pairs[rep % len(pairs) :] + pairs[: rep % len(pairs)]:
+        for pair in rotated(pairs, rep):
             runner.pair(pair)
         for case in alone:
             runner.alone(case)
@@ -357,78 +210,76 @@ def measure(pairs: list[Pair], alone: list[Case], repeat: int, runner: Runner) -
 # -- report ---------------------------------------------------------------------------
 
 
-def spread(values: list[float], fmt: str = "{:.2f}") -> str:
-    """The median of `values` with their range."""
-    ordered = sorted(values)
-    median = fmt.format(statistics.median(ordered))
-    return f"{median} ({fmt.format(ordered[0])}-{fmt.format(ordered[-1])})"
-
-
-def ratio_row(pair: Pair) -> str:
-    cells = []
+def ratio_row(pair: Pair) -> list:
+    """A ratio row: per mode the median (range), and the verdict against the target."""
+    cells: list = [pair.label]
     for mode in ("cold", "warm"):
         ratios = pair.ratios(mode)
-        cell = spread(ratios)
+        cells.append(Spread.of(ratios))
+        verdict = None
         if pair.target is not None:
-            verdict = "ok" if statistics.median(ratios) >= pair.target[mode] else "BELOW"
-            cell += f", target >= {pair.target[mode]}: {verdict}"
-        cells.append(cell)
-    each = " / ".join(" ".join(f"{r:.2f}" for r in pair.ratios(m)) for m in ("cold", "warm"))
-    return f"| {pair.label} | {cells[0]} | {cells[1]} | {each} |"
+            ok = statistics.median(ratios) >= pair.target[mode]
+            verdict = f">= {pair.target[mode]}: {'ok' if ok else 'BELOW'}"
+        cells.append(verdict)
+    return cells
 
 
-def stats_row(case: Case, files: int) -> str | None:
-    """FUSE requests and source requests per chunk file of the last cold read."""
-    if case.stats is None:
-        return None
-    fuse = case.stats["fuse"]["requests"]
-    source = case.stats["source"]["requests"]
-    kinds = ", ".join(f"{k} {n / files:.2f}" for k, n in fuse.items() if n)
-    stored = ", ".join(f"{k} {n / files:.2f}" for k, n in source.items() if n)
-    return f"{case.key}: per chunk file, FUSE: {kinds}; source: {stored}"
+def per_file(requests: dict[str, int], files: int) -> str:
+    """Requests by kind, per chunk file."""
+    return ", ".join(f"{k} {n / files:.2f}" for k, n in requests.items() if n)
 
 
-def report(cases: dict[str, Case], pairs: list[Pair], repeat: int, files: int) -> str:
-    lines = [
-        f"| case (median of {repeat}) | cold MiB/s | cold s | warm MiB/s | warm s "
-        "| daemon CPU s cold / warm |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+def report(
+    cases: dict[str, Case], pairs: list[Pair], repeat: int, files: int, result: Result
+) -> None:
+    table = result.table(
+        f"Each case's whole read, median of {repeat}",
+        ["case", "cold MiB/s", "cold s", "warm MiB/s", "warm s", "daemon CPU s cold / warm"],
+        detail=True,
+    )
     for case in cases.values():
         cold, warm = (statistics.median(case.times[m]) for m in ("cold", "warm"))
         cpu = (
             " / ".join(f"{statistics.median(case.cpu[m]):.2f}" for m in ("cold", "warm"))
             if case.mounted
-            else ""
+            else None
         )
-        lines.append(
-            f"| {case.key} {case.label} ({case.unit}) "
-            f"| {case.mib_s('cold'):.0f} | {cold:.3f} | {case.mib_s('warm'):.0f} | {warm:.3f} "
-            f"| {cpu} |"
+        table.row(
+            f"{case.key} {case.label} ({case.unit})",
+            round(case.mib_s("cold")),
+            round(cold, 3),
+            round(case.mib_s("warm")),
+            round(warm, 3),
+            cpu,
         )
-    lines += [
-        "",
-        "| ratio, plain time / mount time, per pair | cold: median (range) "
-        "| warm: median (range) | each repetition, cold / warm |",
-        "|---|---|---|---|",
-    ]
-    lines += [ratio_row(pair) for pair in pairs]
+    table = result.table(
+        f"Ratios plain time / mount time, per pair, median (range) of {repeat}; 1 is parity",
+        ["ratio", "cold", "cold target", "warm", "warm target"],
+    )
+    for pair in pairs:
+        table.row(*ratio_row(pair))
     native = Pair("a/c (mount / native sharded, not adjacent)", cases["c"], cases["a"])
-    lines.append(ratio_row(native))
-    rows = [stats_row(case, files) for case in cases.values()]
-    lines += ["", *(row for row in rows if row)]
-    return "\n".join(lines)
+    table.row(*ratio_row(native))
+    table = result.table(
+        "Requests per chunk file of the last cold read (`shardfs stats`)",
+        ["case", "FUSE", "source"],
+        detail=True,
+    )
+    for case in cases.values():
+        if case.stats is not None:
+            fuse, source = (case.stats[part]["requests"] for part in ("fuse", "source"))
+            table.row(case.key, per_file(fuse, files), per_file(source, files))
 
 
 # -- main -----------------------------------------------------------------------------
 
 
-def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) -> str:
-    """One run on the data set of `size_mib`: its report."""
+def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) -> Result:
+    """One run on the data set of `size_mib`: its result."""
     dataset = Dataset(args.data.resolve() / f"read-{size_mib}mib", shape_for(size_mib))
     dataset.data.mkdir(parents=True, exist_ok=True)
     dataset.log.write_text("")
-    mounts = ColdMounts(dataset, interrupts)
+    mounts = MountManager(dataset, interrupts, cold=True)
     try:
         if dataset.ready():
             print(f"reusing {dataset.data}")
@@ -512,7 +363,13 @@ def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) ->
         measure(pairs, [cases["c"]], args.repeat, runner)
     finally:
         mounts.stop()
-    return "\n".join([summary, "", report(cases, pairs, args.repeat, len(chunks))])
+    result = Result(
+        f"read_throughput-{size_mib}mib",
+        {"size_mib": size_mib, "repeat": args.repeat, "readers": args.readers},
+    )
+    result.note(summary)
+    report(cases, pairs, args.repeat, len(chunks), result)
+    return result
 
 
 def main() -> int:
@@ -527,19 +384,23 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=ROOT / "bench-data", help="data directory")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions (median reported)")
     parser.add_argument("--readers", type=int, default=4, help="threads of the parallel pair")
+    parser.add_argument(
+        "--results",
+        help="where each size's result goes: a file for one size, else a directory "
+        "(default benchmarks/results/read_throughput-<size>mib.json; 'none': nowhere)",
+    )
     args = parser.parse_args()
     if min(args.size_mib) < 1 or args.repeat < 1 or args.readers < 2:
         parser.error("--size-mib and --repeat must be positive, --readers at least 2")
     if os.geteuid() != 0:
         parser.error("needs root: it drops the page cache")
     interrupts = Interrupts()  # so `finally` unmounts on SIGTERM too
-    reports = [run_size(size, args, interrupts) for size in args.size_mib]
-    print()
-    print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
-    print(machine())
-    for text in reports:
-        print()
-        print(text)
+    for result in [run_size(size, args, interrupts) for size in args.size_mib]:
+        target = args.results
+        if target is None or (target != "none" and len(args.size_mib) > 1):
+            folder = results.RESULTS if target is None else Path(target)
+            target = str(folder / f"{result.workload}.json")
+        result.write(results.results_path(target))
     return 0
 
 

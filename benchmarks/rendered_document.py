@@ -8,19 +8,22 @@ the passed-through document and then the rendered one whole, with the source's p
 warm: what is timed is the mount's own cost, the lookup that parses the document included.
 Ratios are per repetition, rendered / passed through.
 
-    .venv/bin/python benchmarks/rendered_document.py [--size-mib 64] [--repeat 5]
+    .venv/bin/python -m benchmarks.rendered_document [--size-mib 64] [--repeat 5]
+        [--data DIR] [--results PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 from pathlib import Path
 
 import zarr
-from common import DataDir, Interrupts, MountManager, machine, run
+
+from benchmarks.harness import results
+from benchmarks.harness.daemons import DataDir, MountManager
+from benchmarks.harness.results import Result, Spread
+from benchmarks.harness.runs import Interrupts, paired, run
 
 
 class Documents(DataDir):
@@ -43,7 +46,7 @@ class Documents(DataDir):
         )
         array.attrs.update(blob)
         zarr.open_group(self.source / "group", mode="a").attrs.update(blob)
-        self.marker.write_text(json.dumps(self.params))
+        self.made()
 
 
 def timed_read(path: Path) -> tuple[float, int]:
@@ -57,16 +60,15 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--data", type=Path, default=Path("bench-data/rendered-document"))
+    results.add_option(parser, "rendered_document")
     args = parser.parse_args()
     dataset = Documents(args.data, args.size_mib)
     dataset.data.mkdir(parents=True, exist_ok=True)
     dataset.make()
-    print(machine())
     stored = dataset.source / "array" / "zarr.json"
     print(f"stored array zarr.json: {stored.stat().st_size / (1 << 20):.1f} MiB")
     mounts = MountManager(dataset, Interrupts())
     rows: dict[str, list[float]] = {"cat source": [], "passed through": [], "rendered": []}
-    ratios = []
     try:
         for _ in range(args.repeat):
             rows["cat source"].append(timed_read(stored)[0])
@@ -76,17 +78,19 @@ def main() -> int:
             mounts.stop()
             rows["passed through"].append(passed)
             rows["rendered"].append(rendered)
-            ratios.append(rendered / passed)
     finally:
         mounts.stop()
-    print(f"rendered array zarr.json: {size / (1 << 20):.1f} MiB")
-    print(f"{'read':<16} {'median s':>9} {'min':>7} {'max':>7}")
-    for name, times in rows.items():
-        print(f"{name:<16} {statistics.median(times):9.3f} {min(times):7.3f} {max(times):7.3f}")
-    print(
-        f"rendered / passed through, per repetition: median {statistics.median(ratios):.2f} "
-        f"({min(ratios):.2f}-{max(ratios):.2f}); target <= 2"
+    result = Result("rendered_document", {"size_mib": args.size_mib, "repeat": args.repeat})
+    table = result.table(
+        f"The array's zarr.json as the view renders it ({size / (1 << 20):.1f} MiB, stored "
+        f"{stored.stat().st_size / (1 << 20):.1f} MiB), read whole after a fresh `-o ro` "
+        f"mount, source page cache warm; median (range) of {args.repeat}",
+        ["read", "s", "rendered / this"],
     )
+    for name, times in rows.items():
+        table.row(name, Spread.of(times, 3), Spread.of(paired(rows["rendered"], times), 2, "x"))
+    result.note("target: rendered / passed through <= 2")
+    result.write(results.results_path(args.results))
     return 0
 
 

@@ -27,7 +27,7 @@ run, interleaved:
       whose every byte came from local disk could reach at best;
   (l) as (b), from a plain (unsharded) local copy, its files in the page cache:
       what a reader of chunk files pays with no FUSE and no S3;
-  (m) as (l), through the floor of `cold_path.py` (`serve-read`: a pyfuse3 + trio
+  (m) as (l), through the floor `benchmarks.floor serve-read` (a pyfuse3 + trio
       daemon with trivial handlers serving that plain copy from memory, kernel-served
       like `-o ro`): what any pyfuse3 daemon answering the same requests costs, the
       bound of (f) and so of (a).
@@ -45,8 +45,8 @@ is faster; (g)/(h), (i)/(j), what the warm cache gains over the first mount
 faster than zarr-python direct; (b)/(m), the most (b)/(f) and (b)/(a) can be. The data is written by zarr-python
 straight into moto.
 
-    .venv/bin/python benchmarks/s3_read.py [--size-mib 64] [--delay-ms 20] [--repeat 3]
-        [--chunk-reads 64] [--cases abf...]
+    .venv/bin/python -m benchmarks.s3_read [--size-mib 64] [--delay-ms 20] [--repeat 3]
+        [--chunk-reads 64] [--cases abf...] [--results PATH]
 """
 
 from __future__ import annotations
@@ -66,15 +66,15 @@ from typing import Any
 
 import numpy as np
 import zarr
-from cold_path import Floor
-from common import Interrupts, machine
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from shardfs.fuse.control import query  # noqa: E402
-from tests.conftest import Mounted, start_mount, stop_mount  # noqa: E402
-from tests.support.backends import bucket  # noqa: E402
-from tests.support.s3 import MotoServer, S3Env, S3Proxy, configure_environment  # noqa: E402
+from benchmarks.harness import results
+from benchmarks.harness.daemons import Child
+from benchmarks.harness.results import Result, Spread
+from benchmarks.harness.runs import Interrupts, paired, run
+from shardfs.fuse.control import query
+from tests.conftest import Mounted, start_mount, stop_mount
+from tests.support.backends import bucket
+from tests.support.s3 import MotoServer, S3Env, S3Proxy, configure_environment
 
 CHUNKS = (32, 64, 64)  # 128 KiB of uint8
 CHUNK_BYTES = 32 * 64 * 64
@@ -156,7 +156,9 @@ def read_through_mount(
 
 def read_through_floor(plain: Path, work: Path, interrupts: Interrupts) -> tuple[float, None]:
     """Seconds of one whole read of the plain copy through a fresh floor daemon."""
-    with Floor(interrupts, work / "floor-mnt", "serve-read", str(plain)) as floor:
+    command = [sys.executable, "-m", "benchmarks.floor", "serve-read", str(plain)]
+    with Child(interrupts, work / "floor-mnt", work / "floor.log") as floor:
+        floor.start([*command, str(floor.mountpoint)])
         return read(zarr.open_array(floor.mountpoint / "a", mode="r"), None), None
 
 
@@ -171,6 +173,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--chunk-reads", type=int, default=64)
     parser.add_argument("--cases", default="abcdefghijklm", help="the cases to run (letters)")
+    results.add_option(parser, "s3_read")
     args = parser.parse_args()
     interrupts = Interrupts()
     configure_environment()
@@ -245,22 +248,16 @@ def main() -> int:
                         ),
                         file=sys.stderr,
                     )
-                print(report(runs, data.nbytes, stored, args))
+                report(runs, data.nbytes, stored, args).write(results.results_path(args.results))
         finally:
             with interrupts.deferred():
                 server.stop()
     return 0
 
 
-def spread(values: list[float], digits: int = 2) -> str:
-    """The median of `values` and their range, as the tables show them."""
-    median = statistics.median(values)
-    if min(values) == max(values):
-        return f"{median:.{digits}f}"
-    return f"{median:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
-
-def report(runs: dict[str, list[Run]], nbytes: int, stored: int, args: argparse.Namespace) -> str:
+def report(
+    runs: dict[str, list[Run]], nbytes: int, stored: int, args: argparse.Namespace
+) -> Result:
     n = args.chunk_reads
     labels = {
         "a": "(a) zarr-python 3 through the mount",
@@ -279,27 +276,43 @@ def report(runs: dict[str, list[Run]], nbytes: int, stored: int, args: argparse.
     }
     labels = {name: label for name, label in labels.items() if runs.get(name)}
     read_bytes = dict.fromkeys("abcfghlm", nbytes) | dict.fromkeys("deijk", n * CHUNK_BYTES)
-    lines = [
+    result = Result(
+        "s3_read",
+        {
+            "size_mib": args.size_mib,
+            "delay_ms": args.delay_ms,
+            "repeat": args.repeat,
+            "chunk_reads": n,
+            "cases": args.cases,
+        },
+    )
+    table = result.table(
         f"{nbytes >> 20} MiB uint8 array ({stored / (1 << 20):.1f} MiB stored), chunks {CHUNKS},"
         f" shards {SHARDS}; {args.delay_ms:g} ms added to every request; "
-        f"median of {args.repeat} (range)",
-        "",
-        "| read | seconds | MiB/s | data GETs | other requests (by kind) | disk cache blocks |",
-        "|---|---|---|---|---|---|",
-    ]
+        f"median (range) of {args.repeat}",
+        ["read", "seconds", "MiB/s", "data GETs", "other requests (by kind)", "disk cache blocks"],
+    )
     for name, label in labels.items():
         times = [run.seconds for run in runs[name]]
         data = [float(run.requests[DATA]) for run in runs[name]]
         last = runs[name][-1]
         other = Counter({k: v for k, v in last.requests.items() if k != DATA})
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(other.items())) or "none"
-        disk = "" if last.disk is None else disk_figures([run.disk for run in runs[name]])
+        disk = None if last.disk is None else disk_figures([run.disk for run in runs[name]])
         rate = read_bytes[name] / statistics.median(times) / (1 << 20)
-        lines.append(
-            f"| {label} | {spread(times)} | {rate:.0f} | {spread(data, 0)} "
-            f"| {sum(other.values())}: {kinds} | {disk} |"
+        table.row(
+            label,
+            Spread.of(times),
+            round(rate),
+            Spread.of(data, 0),
+            f"{sum(other.values())}: {kinds}",
+            disk,
         )
-    lines += ["", "Ratios of times, per repetition: median (range)", ""]
+    table = result.table(
+        "Ratios of times, per repetition: median (range)",
+        ["ratio", "value", "meaning"],
+        detail=True,
+    )
     ratios = (
         ("b", "a", "direct over mount; above 1 the mount is faster"),
         ("b", "f", "direct over mount of a local copy; above 1 the mount is faster"),
@@ -314,28 +327,25 @@ def report(runs: dict[str, list[Run]], nbytes: int, stored: int, args: argparse.
         ("m", "f", "the trivial daemon over the mount of a local copy; 1 is the floor"),
     )
     for over, under, meaning in ratios:
-        if not (runs.get(over) and runs.get(under)):
-            continue
-        lines.append(f"- ({over})/({under}): {spread(ratio(runs, over, under))}, {meaning}")
-    lines.append("")
+        if runs.get(over) and runs.get(under):
+            table.row(f"({over})/({under})", Spread.of(ratio(runs, over, under)), meaning)
     for first, warm, what in (("g", "h", "whole array"), ("i", "j", "chunk by chunk")):
         if not (runs.get(first) and runs.get(warm)):
             continue
         data = sum(run.requests[DATA] for run in runs[warm])
         gain = statistics.median(ratio(runs, first, warm))
         met = data == 0 and gain >= TARGET
-        lines.append(
+        result.note(
             f"target ({what}): the warm remount sends 0 data GETs (it sent {data} in "
             f"{len(runs[warm])} repetitions) and is >= {TARGET:g}x faster than the first "
             f"mount (median {gain:.2f}x): {'met' if met else 'NOT MET'}"
         )
-    lines.append(machine())
-    return "\n".join(lines)
+    return result
 
 
 def ratio(runs: dict[str, list[Run]], over: str, under: str) -> list[float]:
     """Time of `over` divided by time of `under`, per repetition (both ran side by side)."""
-    return [a.seconds / b.seconds for a, b in zip(runs[over], runs[under], strict=True)]
+    return paired([r.seconds for r in runs[over]], [r.seconds for r in runs[under]])
 
 
 def disk_figures(figures: list[dict[str, Any] | None]) -> str:
@@ -345,4 +355,4 @@ def disk_figures(figures: list[dict[str, Any] | None]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -19,7 +19,7 @@ of two layouts:
          the 262 GB array takes 64 shards of up to 1.3 MiB, and the plain
          copy holds the view's files, compressed as the mount shows them.
 
-The dandi layout has a third side, the FLOOR: `floor.py serve --noopen --tree
+The dandi layout has a third side, the FLOOR: `benchmarks.floor serve --noopen --tree
 ROWS,100,100 --under data/c --size 26`, a pyfuse3 + trio daemon whose handlers
 do nothing, serving the same chunk tree (`data/c/<i>/<j>/<k>`, files of the
 plain chunks' size; no zarr.json) with the same 300 s timeouts and no open or
@@ -52,8 +52,10 @@ plain: 2d find and du warm <= 3x; dandi (issue 21) find warm <= 1.5x and cold
 MiB. A line after the table says what the floor reaches against plain at the
 same targets, how long it took to start (SLOW above 3 s) and its peak memory.
 
-    .venv/bin/python benchmarks/scale.py [--layout 2d|dandi] [--rows 100] [--data DIR]
-        [--repeat 3]
+    .venv/bin/python -m benchmarks.scale [--layout 2d|dandi] [--rows 100] [--data DIR]
+        [--repeat 3] [--step-timeout 600] [--results PATH]
+
+The result is `scale-2d` or `scale-dandi`.
 
 Without --data, the data lives in a temporary directory that is removed at the
 end; with it, the data is kept and reused by the next run with the same options.
@@ -62,10 +64,7 @@ end; with it, the data is kept and reused by the next run with the same options.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
-import select
 import shutil
 import signal
 import statistics
@@ -76,32 +75,29 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import tensorstore as ts
 import zarr
-from common import DataDir, Interrupts, machine, run
-from read_throughput import drop_caches
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from shardfs.fuse.mounts import lock_path, mount_type, open_lock, unmount, wait_for_daemon  # noqa: E402
-from shardfs.storage import LocalStorage  # noqa: E402
-from shardfs.view import Namespace  # noqa: E402
-from tests.support.s3 import stop_process  # noqa: E402
+from benchmarks.harness import results, runs
+from benchmarks.harness.caches import drop_caches
+from benchmarks.harness.daemons import Child, DataDir, DetachedMount, layout
+from benchmarks.harness.data import tree_size
+from benchmarks.harness.data.dandi import DANDI_CHUNK, DANDI_SHARD, DANDI_SIDE, dandi_value
+from benchmarks.harness.machine import code_digest, revision
+from benchmarks.harness.procs import memory
+from benchmarks.harness.results import Result, Spread
+from benchmarks.harness.runs import Interrupts, paired, rotated, run
+from shardfs.storage import LocalStorage
+from shardfs.view import Namespace
 
 #: The 2d layout: inner chunk edge (uint16), inner chunks per shard along each axis, and
 #: chunk columns: each chunk directory c/<row> of the view holds COLUMNS files.
 CHUNK = 8
 SHARD = 32
 COLUMNS = 10_000
-#: The dandi layout: inner chunk edge (uint8), inner chunks per shard along each axis,
-#: and chunks along the second and third axes: each directory c/<i>/<j> holds DANDI_SIDE.
-DANDI_CHUNK = 64
-DANDI_SHARD = 32
-DANDI_SIDE = 100
 ARRAY = "data"
 #: The metadata documents of the view (root group, array), besides the chunk files.
 DOCUMENTS = 2
@@ -109,9 +105,7 @@ DOCUMENTS = 2
 GENERATOR = 1
 STARTUP_TARGET = 1.0  #: seconds
 RSS_TARGET = 256  #: MiB, the daemon's peak
-SHARDFS = [sys.executable, "-m", "shardfs"]
-FLOOR = [sys.executable, str(Path(__file__).resolve().parent / "floor.py"), "serve"]
-FLOOR_TYPE = "fuse.floor"
+FLOOR = [sys.executable, "-m", "benchmarks.floor", "serve"]
 FLOOR_SLOW = 3.0  #: seconds: a floor start-up above this is called out
 #: The sides a run measures, in this order (the floor only where the layout has one).
 SIDES = ("mount", "floor", "plain")
@@ -222,11 +216,6 @@ def dandi_array(source: Path, rows: int) -> ts.TensorStore:
     ).result()
 
 
-def dandi_value(i: np.ndarray | int, j: np.ndarray | int, k: np.ndarray | int) -> np.ndarray:
-    """The one value of chunk (i, j, k): never the fill value, so every chunk is stored."""
-    return np.asarray(1 + (i + 3 * j + k) % 251, dtype=np.uint8)
-
-
 def write_dandi(source: Path, rows: int) -> None:
     """The DANDI-layout array, written by tensorstore one layer of chunks (64 planes) and
     one shard column at a time (256 MiB), a few writes in flight so both cores encode."""
@@ -289,7 +278,7 @@ class Layout:
     check: Callable[[Path, int], None]
     #: the description of the array
     describe: Callable[[int], str]
-    #: whether a third side, the floor (floor.py serving the chunk tree's shape), is measured
+    #: whether a third side, the floor (benchmarks.floor serving the chunk tree's shape), is measured
     floor: bool = False
 
     def grid(self, rows: int) -> tuple[int, ...]:
@@ -409,21 +398,10 @@ class Dataset(DataDir):
     @property
     def params(self) -> dict[str, object]:
         if self.layout.name == "2d":  # as before the layouts: its data sets stay usable
-            return {
-                "grid": [self.rows, COLUMNS],
-                "chunk": CHUNK,
-                "shard": SHARD,
-                "generator": GENERATOR,
-                "tensorstore": version("tensorstore"),
-            }
-        return {
-            "layout": self.layout.name,
-            "grid": list(self.layout.grid(self.rows)),
-            "chunk": DANDI_CHUNK,
-            "shard": DANDI_SHARD,
-            "generator": GENERATOR,
-            "tensorstore": version("tensorstore"),
-        }
+            return layout([self.rows, COLUMNS], CHUNK, SHARD, GENERATOR, "tensorstore")
+        grid = list(self.layout.grid(self.rows))
+        dandi = layout(grid, DANDI_CHUNK, DANDI_SHARD, GENERATOR, "tensorstore")
+        return {"layout": self.layout.name, **dandi}
 
     def ready(self) -> bool:
         return super().ready() and all(
@@ -431,22 +409,17 @@ class Dataset(DataDir):
         )
 
     def build(self) -> None:
-        self.marker.unlink(missing_ok=True)
-        for path in (self.source, self.plain):
-            shutil.rmtree(path, ignore_errors=True)
-        started = time.perf_counter()
+        self.clear()
         grid = " x ".join(map(str, self.layout.grid(self.rows)))
-        print(f"writing {self.source} with tensorstore, {grid} chunks ...", flush=True)
-        self.layout.write(self.source, self.rows)
-        print(f"  {time.perf_counter() - started:.1f} s", flush=True)
+        with runs.step(f"writing {self.source} with tensorstore, {grid} chunks"):
+            self.layout.write(self.source, self.rows)
         self.layout.check(self.source, self.rows)
-        started = time.perf_counter()
-        print(f"materializing the view as {self.plain} ...", flush=True)
-        files = materialize(self.source, self.plain)
-        print(f"  {files} files, {time.perf_counter() - started:.1f} s", flush=True)
+        with runs.step(f"materializing the view as {self.plain}"):
+            files = materialize(self.source, self.plain)
+            print(f"  {files} files", flush=True)
         if files != self.chunks + DOCUMENTS:
             raise RuntimeError(f"the copy has {files} files, expected {self.chunks + DOCUMENTS}")
-        self.marker.write_text(json.dumps(self.params))
+        self.made()
 
     def chunk_bytes(self) -> int:
         """The size of the plain copy's first chunk file (in the DANDI layout, every one's)."""
@@ -467,118 +440,25 @@ class Dataset(DataDir):
         ]
 
 
-def source_size(source: Path) -> tuple[int, int]:
-    """(files, bytes) of the sharded source."""
-    files = nbytes = 0
-    for directory, _, names in os.walk(source):
-        files += len(names)
-        nbytes += sum(os.stat(os.path.join(directory, name)).st_size for name in names)
-    return files, nbytes
-
-
-def code_digest() -> str:
-    """A digest of shardfs/*.py as they are on disk: every daemon runs the code as it is
-    when it starts, so a change in mid-run must show."""
-    digest = hashlib.sha1()
-    for path in sorted((ROOT / "shardfs").rglob("*.py")):
-        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:8]
-
-
-def revision() -> str:
-    """The code measured: the commit, and the digest of shardfs/*.py (which may differ
-    from the commit's)."""
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    return f"{commit}, shardfs/*.py digest {code_digest()}"
-
-
 # -- the daemons ----------------------------------------------------------------------
 
 
-def memory(pid: int, field_name: str) -> int:
-    """A memory figure of process `pid` from /proc/PID/status, in KiB (VmRSS, VmHWM)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field_name} in /proc/{pid}/status")
-
-
-class Daemon:
-    """At most one detached `shardfs mount -o ro` daemon at a time, always unmounted and
-    waited for by `stop`; its PID comes from its lock file, so it is the only process
-    this script ever kills (and only if it does not exit after the unmount)."""
-
-    def __init__(self, dataset: Dataset, interrupts: Interrupts) -> None:
-        self.dataset = dataset
-        self.interrupts = interrupts
-        self.pid: int | None = None
-
-    def start(self) -> float:
-        """Mount; the seconds from starting `shardfs mount` until the root answers."""
-        self.stop()
-        mountpoint = self.dataset.mountpoint
-        mountpoint.mkdir(exist_ok=True)
-        command = [
-            *SHARDFS,
-            "mount",
-            str(self.dataset.source),
-            str(mountpoint),
-            "-o",
-            f"ro,log={self.dataset.log}",
-        ]
-        with self.interrupts.deferred():  # a daemon must never start without being recorded
-            started = time.perf_counter()
-            # Its own session: a Ctrl-C reaches this script only, which then unmounts.
-            done = subprocess.run(command, capture_output=True, text=True, start_new_session=True)
-            if done.returncode == 0:
-                os.stat(mountpoint)
-            elapsed = time.perf_counter() - started
-            if mount_type(str(mountpoint)) == "fuse.shardfs":
-                with open(lock_path(str(mountpoint))) as f:
-                    self.pid = int(json.load(f)["pid"])
-        if done.returncode != 0:
-            raise RuntimeError(f"shardfs mount failed: {done.stderr.strip()}")
-        return elapsed
+class Daemon(DetachedMount):
+    """The mount side's daemon, detached as a user starts it."""
 
     def status(self, field_name: str) -> int:
         """A memory figure of the daemon (see `memory`)."""
         assert self.pid is not None
         return memory(self.pid, field_name)
 
-    def stop(self) -> None:
-        """Unmount (lazily if busy) and wait until the daemon has exited."""
-        path = str(self.dataset.mountpoint)
-        with self.interrupts.deferred():  # an interrupted unmount would leave the daemon behind
-            if mount_type(path) == "fuse.shardfs":
-                lock = open_lock(path)  # before the unmount: the daemon removes it as it exits
-                if unmount(path).returncode != 0:
-                    unmount(path, lazy=True)
-                if lock is not None and wait_for_daemon(lock, timeout=30) is None:
-                    if self.pid is not None:
-                        os.kill(self.pid, signal.SIGKILL)
-                    if wait_for_daemon(lock, timeout=30) is None:
-                        raise RuntimeError(f"the daemon of {path} (PID {self.pid}) does not exit")
-            self.pid = None
 
-
-class FloorDaemon:
-    """At most one floor at a time: `floor.py serve --noopen` serving the view's chunk tree
-    in its shape (`data/c/<i>/<j>/<k>`, files of the plain chunks' size), our child. `stop`
-    sends it SIGTERM, on which it unmounts and exits (SIGKILL, by its PID, only if it does
-    not: `stop_process`), then makes sure nothing stays mounted."""
+class FloorDaemon(Child):
+    """At most one floor at a time: `benchmarks.floor serve --noopen` serving the view's
+    chunk tree in its shape (`data/c/<i>/<j>/<k>`, files of the plain chunks' size)."""
 
     def __init__(self, dataset: Dataset, interrupts: Interrupts) -> None:
+        super().__init__(interrupts, dataset.data / "mnt-floor", dataset.data / "floor.log")
         self.dataset = dataset
-        self.interrupts = interrupts
-        self.mountpoint = dataset.data / "mnt-floor"
-        self.log = dataset.data / "floor.log"
-        self.process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         grid = ",".join(map(str, self.dataset.layout.grid(self.dataset.rows)))
@@ -586,39 +466,9 @@ class FloorDaemon:
         tree = ["--tree", grid, "--under", f"{ARRAY}/c", "--size", size]
         return [*FLOOR, str(self.mountpoint), "--noopen", *tree]
 
-    def start(self) -> float:
-        """Serve; the seconds from starting floor.py until the root answers."""
-        self.stop()
-        self.mountpoint.mkdir(exist_ok=True)
-        command = self.command()
-        # Never untracked; in its own session, so a Ctrl-C reaches this script only.
-        with self.interrupts.deferred(), open(self.log, "wb") as log:
-            started = time.perf_counter()
-            self.process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-            )
-        assert self.process.stdout is not None
-        # It prints "ready" once mounted (or exits, and the pipe reads empty).
-        readable, _, _ = select.select([self.process.stdout], [], [], 60)
-        if not readable or self.process.stdout.readline() != b"ready\n":
-            self.stop()
-            raise RuntimeError(f"the floor did not mount: {self.log.read_text(errors='replace')}")
-        os.stat(self.mountpoint)  # answered by the floor
-        return time.perf_counter() - started
-
-    def stop(self) -> None:
-        with self.interrupts.deferred():  # an interrupted stop would leave the floor behind
-            process, self.process = self.process, None
-            if process is not None:
-                stop_process(process)  # SIGTERM, by its PID: it unmounts and exits
-                if process.stdout is not None:
-                    process.stdout.close()
-            if mount_type(str(self.mountpoint)) == FLOOR_TYPE:
-                unmount(str(self.mountpoint), lazy=True)
+    def start(self) -> float:  # type: ignore[override]
+        """Serve; the seconds from starting the floor until its root answers."""
+        return super().start(self.command())
 
 
 # -- the steps ------------------------------------------------------------------------
@@ -662,13 +512,13 @@ class Step:
 
 
 def steps(layout: Layout) -> list[Step]:
-    """The walks, in the order each side runs them; labels are table cells (| escaped)."""
+    """The walks, in the order each side runs them; labels are table cells."""
     ls = f"{ARRAY}/{layout.ls_dir}"
     return [
-        Step("find", "`find DIR -type f \\| wc -l`", "find {dir} -type f | wc -l"),
+        Step("find", "`find DIR -type f | wc -l`", "find {dir} -type f | wc -l"),
         Step("du", "`du -sb DIR`", "du -sb {dir} | cut -f1"),
-        Step("ls", f"`ls -l DIR/{ls} \\| wc -l`", f"ls -l {{dir}}/{ls} | wc -l"),
-        Step("read", "`tar -cf - -C DIR . \\| wc -c`", "tar -cf - -C {dir} . | wc -c"),
+        Step("ls", f"`ls -l DIR/{ls} | wc -l`", f"ls -l {{dir}}/{ls} | wc -l"),
+        Step("read", "`tar -cf - -C DIR . | wc -c`", "tar -cf - -C {dir} . | wc -c"),
     ]
 
 
@@ -737,8 +587,7 @@ class Run:
     def measure(self, repeat: int) -> None:
         sides = self.sides
         for rep in range(repeat):
-            first = rep % len(sides)
-            for side in sides[first:] + sides[:first]:
+            for side in rotated(sides, rep):
                 self.side(side, rep, repeat)
             if rep == 0:  # every later run must print the same: a wrong tree fails early
                 self.check()
@@ -774,57 +623,56 @@ class Run:
 
 def ratios(step: Step, mode: str, pair: tuple[str, str]) -> list[float]:
     """Side a's time / side b's of `pair` (a, b), per repetition (the sides ran close
-    together, so a noisy neighbour slows both), sorted."""
+    together, so a noisy neighbour slows both)."""
     a, b = pair
-    return sorted(x / y for x, y in zip(step.times[a][mode], step.times[b][mode], strict=True))
+    return paired(step.times[a][mode], step.times[b][mode])
 
 
 def ratio_cell(ratio_list: list[float], target: float | None) -> str:
     """The median ratio, its range, and the verdict against `target`."""
-    ratio = statistics.median(ratio_list)
-    cell = f"{ratio:.2f}x"
-    if len(ratio_list) > 1:
-        cell += f" ({ratio_list[0]:.2f}-{ratio_list[-1]:.2f})"
+    cell = str(Spread.of(ratio_list, 2, "x"))
     if target is not None:
+        ratio = statistics.median(ratio_list)
         cell += f", target <= {target:g}x: {'ok' if ratio <= target else 'ABOVE'}"
     return cell
 
 
-def report(run: Run, repeat: int) -> str:
+def report(run: Run, repeat: int, result: Result) -> None:
     targets = run.dataset.layout.targets
     sides = run.sides
     pairs = [("mount", "plain")]  # the issues' ratios, with their targets
     if "floor" in sides:
         pairs += [("floor", "plain"), ("mount", "floor")]
     columns = [(side, mode) for mode in MODES for side in sides]
-
-    def row(label: str, times: dict[tuple[str, str], str], cells: dict[str, str]) -> str:
-        """A table row: `times` by (side, mode), `cells` by ratio column (blank if absent)."""
-        figures = [times.get(column, "") for column in columns]
-        figures += [cells.get(f"{mode} {a}/{b}", "") for a, b in pairs for mode in MODES]
-        return f"| {label} | {' | '.join(figures)} |"
-
     heads = [f"{side} {mode} s" for side, mode in columns]
     heads += [f"{mode} {a}/{b}" for a, b in pairs for mode in MODES]
-    lines = [
-        f"| step (median of {repeat}) | {' | '.join(heads)} |",
-        "|---|" + "---:|" * len(columns) + "---|" * len(pairs) * len(MODES),
-    ]
+    table = result.table(
+        f"Each step on each side, median s of {repeat}; ratios per repetition, median (range)",
+        ["step", *heads],
+    )
+
+    def row(label: str, times: dict[tuple[str, str], float], cells: dict[str, str]) -> None:
+        """A table row: `times` by (side, mode), `cells` by ratio column (blank if absent)."""
+        figures: list[str | float | None] = [times.get(column) for column in columns]
+        figures += [cells.get(f"{mode} {a}/{b}") for a, b in pairs for mode in MODES]
+        table.row(label, *figures)
+
     startup = {mode: statistics.median(run.startup[mode]) for mode in MODES}
     verdicts = {
         f"{mode} mount/plain": f"target < {STARTUP_TARGET:g} s: "
         + ("ok" if t < STARTUP_TARGET else "ABOVE")
         for mode, t in startup.items()
     }
-    lines.append(
-        row("mount start-up", {("mount", m): f"{t:.2f}" for m, t in startup.items()}, verdicts)
-    )
+    row("mount start-up", {("mount", m): round(t, 2) for m, t in startup.items()}, verdicts)
     if run.floor_startup:  # it starts once, on whatever the caches hold
-        floor_startup = f"{statistics.median(run.floor_startup):.2f}"
-        lines.append(row("floor start-up", {("floor", "warm"): floor_startup}, {}))
+        row(
+            "floor start-up",
+            {("floor", "warm"): round(statistics.median(run.floor_startup), 2)},
+            {},
+        )
     for step in run.steps:
         medians = {
-            (side, mode): f"{statistics.median(step.times[side][mode]):.2f}"
+            (side, mode): round(statistics.median(step.times[side][mode]), 2)
             for side, mode in columns
         }
         cells = {}
@@ -833,21 +681,20 @@ def report(run: Run, repeat: int) -> str:
                 target = targets.get((step.key, mode)) if (a, b) == ("mount", "plain") else None
                 cells[f"{mode} {a}/{b}"] = ratio_cell(ratios(step, mode, (a, b)), target)
         targeted = any(key == step.key for key, _ in targets)
-        label = f"**{step.label}**" if targeted else step.label
-        lines.append(row(label, medians, cells))
-    lines += ["", "| daemon RSS, MiB | " + " | ".join(f"rep {i + 1}" for i in range(repeat)) + " |"]
-    lines.append("|---|" + "---:|" * repeat)
+        row(f"**{step.label}**" if targeted else step.label, medians, cells)
+    table = result.table(
+        "The daemon's resident memory after each step, MiB",
+        ["daemon RSS, MiB", *(f"rep {i + 1}" for i in range(repeat))],
+        detail=True,
+    )
     for what in ("start", *(step.key for step in run.steps)):
-        figures = " | ".join(f"{rss[what] / 1024:.0f}" for rss in run.rss)
-        lines.append(f"| after {what} (VmRSS) | {figures} |")
+        table.row(f"after {what} (VmRSS)", *(round(rss[what] / 1024) for rss in run.rss))
+    table.row("**peak** (VmHWM)", *(round(rss["peak"] / 1024) for rss in run.rss))
     peak = max(rss["peak"] for rss in run.rss) / 1024
-    figures = " | ".join(f"{rss['peak'] / 1024:.0f}" for rss in run.rss)
-    lines.append(f"| **peak** (VmHWM) | {figures} |")
     verdict = "ok" if peak < RSS_TARGET else "ABOVE"
-    lines.append(f"\npeak RSS of the daemon: {peak:.0f} MiB, target < {RSS_TARGET} MiB: {verdict}")
+    result.note(f"peak RSS of the daemon: {peak:.0f} MiB, target < {RSS_TARGET} MiB: {verdict}")
     if "floor" in sides:
-        lines.append(floor_summary(run))
-    return "\n".join(lines)
+        result.note(floor_summary(run))
 
 
 def floor_summary(run: Run) -> str:
@@ -866,7 +713,7 @@ def floor_summary(run: Run) -> str:
     startup = statistics.median(run.floor_startup)
     slow = f", more than {FLOOR_SLOW:g} s: SLOW" if startup > FLOOR_SLOW else ""
     return (
-        "the floor (floor.py --noopen: this chunk tree, pyfuse3 + trio handlers that do "
+        "the floor (benchmarks.floor --noopen: this chunk tree, pyfuse3 + trio handlers that do "
         f"nothing) against plain, at the mount's targets: {'; '.join(reached)}\n"
         f"floor start-up {startup:.2f} s{slow}; floor peak RSS "
         f"{max(run.floor_peak) / 1024:.0f} MiB"
@@ -917,6 +764,10 @@ def main() -> int:
     parser.add_argument(
         "--step-timeout", type=float, default=600, help="seconds one command may take"
     )
+    parser.add_argument(
+        "--results",
+        help="where the result goes (default benchmarks/results/scale-LAYOUT.json; 'none': nowhere)",
+    )
     args = parser.parse_args()
     if args.rows < 1 or args.repeat < 1:
         parser.error("--rows and --repeat must be positive")
@@ -928,8 +779,7 @@ def main() -> int:
     daemon = Daemon(dataset, interrupts)
     floor = FloorDaemon(dataset, interrupts)
     run = Run(dataset, daemon, floor, args.step_timeout)
-    code, digest = revision(), code_digest()
-    print(f"shardfs at {code}", flush=True)
+    digest = code_digest()
     try:
         data.mkdir(parents=True, exist_ok=True)
         dataset.log.write_text("")
@@ -937,15 +787,14 @@ def main() -> int:
             print(f"reusing {data}")
         else:
             dataset.build()
-        shards, shard_bytes = source_size(dataset.source)
+        shards, shard_bytes = tree_size(dataset.source)
         described = (
             f"{dataset.layout.describe(args.rows)}; the source: {shards} files, "
             f"{shard_bytes / (1 << 20):.1f} MiB"
         )
         if "floor" in run.sides:
-            python, script, *rest = floor.command()
-            floor_command = [os.path.relpath(python), os.path.relpath(script), *rest]
-            described += f"\nthe floor: {' '.join(floor_command)}"
+            python, *rest = floor.command()
+            described += f"\nthe floor: {' '.join([os.path.relpath(python), *rest])}"
         print(described, flush=True)
         run.measure(args.repeat)
         run.check()
@@ -957,14 +806,16 @@ def main() -> int:
         floor.stop()
         if args.data is None:
             shutil.rmtree(data, ignore_errors=True)
-    print()
-    print(f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
-    print(machine())
-    print(f"shardfs at {code}")
-    print(described)
-    print(summary)
-    print()
-    print(report(run, args.repeat))
+    result = Result(
+        f"scale-{args.layout}",
+        {"layout": args.layout, "rows": args.rows, "chunks": dataset.chunks, "repeat": args.repeat},
+    )
+    for line in [*described.splitlines(), *summary.splitlines()]:
+        result.note(line)
+    report(run, args.repeat, result)
+    result.write(
+        results.results_path(args.results or str(results.RESULTS / f"{result.workload}.json"))
+    )
     return 0
 
 

@@ -17,7 +17,8 @@ Also printed: what decoding every LZ4HC block of the layer costs in-process
 (`Header.decode`, numcodecs' LZ4), the work the mount adds to a read of LZ4HC blocks.
 Needs root (drop_caches, FUSE).
 
-    .venv/bin/python benchmarks/wkw_read.py [--size 512] [--repeat 5] [--data DIR]
+    .venv/bin/python -m benchmarks.wkw_read [--size 512] [--repeat 5] [--data DIR]
+        [--results PATH]
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,13 +35,15 @@ import numpy as np
 import tensorstore as ts
 import wkw
 import zarr
-from common import DataDir, Interrupts, MountManager, machine, run
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from shardfs.formats.wkw import Header  # noqa: E402
-from shardfs.formats.wkw import file_key as wkw_file_key  # noqa: E402
-from tests.conftest import start_mount, stop_mount  # noqa: E402
+from benchmarks.harness import results
+from benchmarks.harness.caches import drop_caches
+from benchmarks.harness.daemons import DataDir, MountManager
+from benchmarks.harness.results import Result, Spread
+from benchmarks.harness.runs import Interrupts, paired, run
+from shardfs.formats.wkw import Header
+from shardfs.formats.wkw import file_key as wkw_file_key
+from tests.conftest import start_mount, stop_mount
 
 BLOCK_LEN, FILE_LEN = 32, 8
 KINDS = ("raw", "lz4hc")
@@ -98,11 +99,7 @@ class Layer(DataDir):
             shutil.copytree(self.mountpoint / "color" / "1", self.plain)
         finally:
             stop_mount(mounted)
-        self.marker.write_text(json.dumps(self.params))
-
-
-def drop_caches() -> None:
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        self.made()
 
 
 def timed(read: Callable[[], np.ndarray], expected: np.ndarray) -> float:
@@ -143,7 +140,7 @@ def readers() -> dict[str, Callable[[Path], np.ndarray]]:
     return {"zarr": lambda array: zarr.open_array(array, mode="r")[...], "ts": tensorstore}
 
 
-def measure(layer: Layer, size: int, repeat: int, interrupts: Interrupts) -> None:
+def measure(layer: Layer, size: int, repeat: int, interrupts: Interrupts, result: Result) -> None:
     """Every reader and temperature, `repeat` times; the table of medians and ratios."""
 
     def direct() -> np.ndarray:
@@ -171,22 +168,22 @@ def measure(layer: Layer, size: int, repeat: int, interrupts: Interrupts) -> Non
                         times.setdefault((name, temperature, side), []).append(took)
     finally:
         mounts.stop()
-    print(
-        f"{'reader':<11}{'wkw s':>8}{'plain s':>9}{'mount s':>9}{'wkw/mount':>11}{'plain/mount':>13}"
+    stored = sum(p.stat().st_size for p in layer.mag.rglob("*.wkw"))
+    table = result.table(
+        f"{layer.kind} blocks ({stored / 2**20:.1f} MiB stored): the whole layer read by each "
+        f"reader; median s, and ratios per repetition, median (range) of {repeat}",
+        ["reader", "wkw s", "plain s", "mount s", "wkw / mount", "plain / mount"],
     )
     for name in readers():
         for temperature in ("cold", "warm"):
             wkw_s, plain, mounted = (
                 times[(name, temperature, s)] for s in ("wkw", "plain", "mount")
             )
-            cells = [f"{statistics.median(t):.3f}" for t in (wkw_s, plain, mounted)]
-            ratios = []
-            for side in (wkw_s, plain):
-                r = [a / b for a, b in zip(side, mounted, strict=True)]
-                ratios.append(f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f})")
-            print(
-                f"{f'{name} {temperature}':<11}{cells[0]:>8}{cells[1]:>9}{cells[2]:>9}"
-                f"  {ratios[0]}  {ratios[1]}"
+            table.row(
+                f"{name} {temperature}",
+                *(Spread.of(t, 3) for t in (wkw_s, plain, mounted)),
+                Spread.of(paired(wkw_s, mounted)),
+                Spread.of(paired(plain, mounted)),
             )
 
 
@@ -195,26 +192,30 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=512, help="edge of the layer in voxels")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--data", type=Path, help="where the data sets are kept (default: tmp)")
+    results.add_option(parser, "wkw_read")
     args = parser.parse_args()
     interrupts = Interrupts()
     base = args.data or Path(tempfile.mkdtemp(prefix="wkw-bench-"))
-    print(machine())
-    print(f"layer: uint8, {args.size}^3 voxels, blocks of {BLOCK_LEN}^3, files of {FILE_LEN}^3")
+    result = Result("wkw_read", {"size": args.size, "repeat": args.repeat})
+    result.note(
+        f"layer: uint8, {args.size}^3 voxels, blocks of {BLOCK_LEN}^3, files of {FILE_LEN}^3; "
+        "readers zarr-python 3 (zarr) and tensorstore (ts); COLD: page cache dropped before "
+        "each side and a fresh daemon; WARM: the same reads again at once"
+    )
     for kind in KINDS:
         layer = Layer(base / kind, kind, args.size)
         if not layer.ready():
             layer.make()
-        stored = sum(p.stat().st_size for p in layer.mag.rglob("*.wkw"))
-        print(f"\n{kind}: {stored / 2**20:.1f} MiB stored")
-        measure(layer, args.size, args.repeat, interrupts)
+        measure(layer, args.size, args.repeat, interrupts, result)
         if kind != "raw":
             took, total = decode_cost(layer)
-            print(
-                f"decoding every block in-process: {took:.3f} s for {total / 2**20:.0f} MiB "
-                f"({total / 2**20 / took:.0f} MiB/s)"
+            result.note(
+                f"decoding every {kind} block in-process: {took:.3f} s for "
+                f"{total / 2**20:.0f} MiB ({total / 2**20 / took:.0f} MiB/s)"
             )
     if args.data is None:
         shutil.rmtree(base)
+    result.write(results.results_path(args.results))
     return 0
 
 

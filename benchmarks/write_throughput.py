@@ -57,11 +57,13 @@ by handler (the debug log has a line per request; release and releasedir are not
 logged, so they are counted as the creates, opens and opendirs they close, and forget
 is not counted).
 
-    .venv/bin/python benchmarks/write_throughput.py [--size-mib 512] [--reps 3]
+    .venv/bin/python -m benchmarks.write_throughput [--size-mib 512] [--reps 3]
         [--mount-options write_buffer=1G,flush_interval=30] [--workdir DIR] [--keep]
-        [--profile daemon.svg]
-    .venv/bin/python benchmarks/write_throughput.py --small-chunks [--reps 3]
-        [--mount-options ...] [--workdir DIR] [--keep]
+        [--profile daemon.svg] [--results PATH]
+    .venv/bin/python -m benchmarks.write_throughput --small-chunks [--reps 3]
+        [--mount-options ...] [--workdir DIR] [--keep] [--results PATH]
+
+The result is `write_throughput` (`write_throughput-small` with --small-chunks).
 """
 
 from __future__ import annotations
@@ -69,12 +71,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import inspect
 import json
 import math
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -86,29 +86,38 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from common import Interrupts, machine, run
-from per_file import LOGGED_REQUEST
-from per_file import cpu as process_cpu
-from zarr.codecs import ZstdCodec
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from shardfs.formats.shard_index import EMPTY, IndexCodec, check_entries  # noqa: E402
-from shardfs.fuse.mounts import mount_type, unmount  # noqa: E402
-from shardfs.primitives.errors import CorruptData  # noqa: E402
-from tests.conftest import Mounted, start_mount  # noqa: E402
-from tests.support.zarr2 import ensure_zarr2  # noqa: E402
+from benchmarks.harness import results
+from benchmarks.harness.daemons import WriteMounts as Mounts
+from benchmarks.harness.machine import ROOT
+from benchmarks.harness.procs import cpu as process_cpu
+from benchmarks.harness.procs import cpu_children
+from benchmarks.harness.results import Result, Spread
+from benchmarks.harness.runs import Interrupts, paired, rotated, run
+from benchmarks.harness.writers import (
+    ARRAY,
+    CHUNK,
+    COMPRESSOR,
+    NOISE,
+    PLANE,
+    ROOT_GROUP,
+    SHARD,
+    SMALL_CHUNK,
+    SMALL_MOUNT_OPTIONS,
+    SMALL_SHAPE,
+    ZARR3,
+    Writer,
+    create_array,
+    generate_small,
+    timed_write,
+)
+from shardfs.formats.shard_index import EMPTY, IndexCodec, check_entries
+from shardfs.fuse.mounts import mount_type
+from shardfs.primitives.errors import CorruptData
+from tests.support.zarr2 import ensure_zarr2
 
-CHUNK = 64
-SHARD = 256
-PLANE = (1024, 1024)  # one z plane of uint8 is 1 MiB
-ARRAY = "data"
-#: zarr-python 3's default compressor for numeric data, given explicitly so all three
-#: cases are sure to use the same inner codecs.
-COMPRESSOR = ZstdCodec(level=0, checksum=False)
-#: Skewed small noise (P(0)=150/256 ... P(3)=16/256) on a slowly varying field, as in
-#: read_throughput.py: zstd gets chunks of 64^3 bytes (256 KiB) down to about 90 KiB.
-NOISE = np.repeat(np.arange(4, dtype=np.uint8), [150, 60, 30, 16])
+#: A request in shardfs's debug log: `... DEBUG lookup(1, b'data', ...)`.
+LOGGED_REQUEST = re.compile(rb" DEBUG (\w+)\(")
 TARGET = 0.7  #: a/b, the mount (unmount included) against a plain directory (no sync)
 #: Random chunks read back and compared after every write (plus the first and the last).
 CHECKED_CHUNKS = 8
@@ -116,19 +125,6 @@ CHECKED_CHUNKS = 8
 COMMIT_SUMMARY = re.compile(r"this mount: (\d+) shard appends, (\d+) whole writes")
 #: Metadata documents, not counted as stored data.
 METADATA = frozenset(("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"))
-
-#: --small-chunks (issue 21): 512 x 512 x 256 uint16 = 128 MiB in 2048 chunk files of 32^3.
-SMALL_SHAPE = (512, 512, 256)
-SMALL_CHUNK = 32
-#: What each mount of --small-chunks adds to --mount-options: (1) the v2 view, new arrays
-#: sharded with 8 chunks per shard per axis (so 256^3 shards, as (3)'s); (3) the v3 view.
-SMALL_MOUNT_OPTIONS = {
-    "v2-mount": ["rw", "view=v2", f"shard_new={SHARD // SMALL_CHUNK}"],
-    "v3-mount": ["rw"],
-}
-#: The source of (1): a root group and nothing else.
-ROOT_GROUP = '{"zarr_format":3,"node_type":"group","attributes":{}}'
-
 
 # -- the data -----------------------------------------------------------------------
 
@@ -150,39 +146,6 @@ def generate(shape: tuple[int, int, int], seed: int = 1) -> np.ndarray:
         noise = NOISE[rng.integers(0, 256, size=smooth.shape, dtype=np.uint8)]
         out[z0 : z0 + len(z)] = smooth + noise
     return out
-
-
-def generate_small(shape: tuple[int, int, int], seed: int = 1) -> np.ndarray:
-    """--small-chunks: uint16, a ramp along every axis (1000 up to about 4300) plus the
-    same small skewed noise; zstd gets a chunk to about a third, Blosc lz4 to 0.45."""
-    out = np.empty(shape, dtype=np.uint16)
-    ramp = 2 * np.arange(shape[1])[:, None] + np.arange(shape[2])[None, :]
-    rng = np.random.default_rng(seed)
-    for x0 in range(0, shape[0], SMALL_CHUNK):
-        x = np.arange(x0, min(x0 + SMALL_CHUNK, shape[0]))
-        slab = 1000 + 4 * x[:, None, None] + ramp[None]
-        out[x0 : x0 + len(x)] = slab + NOISE[rng.integers(0, 256, size=slab.shape, dtype=np.uint8)]
-    return out
-
-
-def create_array(
-    path: Path,
-    shape: tuple[int, ...],
-    sharded: bool,
-    chunk: int = CHUNK,
-    dtype: np.dtype | str = "uint8",
-) -> None:
-    """The array's metadata only (no chunk written), under group `path` as ARRAY."""
-    group = zarr.open_group(path, mode="w")
-    group.create_array(
-        ARRAY,
-        shape=shape,
-        dtype=dtype,
-        chunks=(chunk,) * 3,
-        shards=(SHARD,) * 3 if sharded else None,
-        compressors=COMPRESSOR,
-        fill_value=0,
-    )
 
 
 def check_chunks(array: zarr.Array, data: np.ndarray, rng: np.random.Generator) -> None:
@@ -303,172 +266,7 @@ def shard_histories(array_dir: Path) -> list[ShardHistory]:
     return [shard_history(p, codec, cps) for p in stored_files(array_dir)]
 
 
-def spread(values: list[float], fmt: str = "{:.0f}") -> str:
-    """median (min-max)"""
-    return (
-        f"{fmt.format(statistics.median(values))} "
-        f"({fmt.format(min(values))}-{fmt.format(max(values))})"
-    )
-
-
-# -- mounts ---------------------------------------------------------------------------
-
-
-class Mounts:
-    """At most one read-write `shardfs mount -f` child at a time, always reaped by `stop`."""
-
-    #: How long the daemon may take to commit what it buffers after the unmount.
-    EXIT_TIMEOUT = 600.0
-
-    def __init__(self, mountpoint: Path, log: Path, options: list[str], interrupts: Interrupts):
-        self.mountpoint = mountpoint
-        self.log = log
-        self.options = options
-        self.interrupts = interrupts
-        self.current: Mounted | None = None
-
-    def start(self, source: Path, *extra: str) -> Mounted:
-        """A daemon for `source`, with `extra` options after the run's."""
-        self.stop()
-        with self.interrupts.deferred():  # a daemon must never start without being recorded
-            self.current = start_mount(source, self.mountpoint, self.log, *self.options, *extra)
-        return self.current
-
-    def stop(self) -> None:
-        """`fusermount3 -u` (lazily if that fails), then wait for the daemon to commit and
-        exit; it is killed, by its PID, only if it does not exit in EXIT_TIMEOUT."""
-        with self.interrupts.deferred():  # an interrupted unmount would leave the daemon behind
-            mounted, self.current = self.current, None
-            if mounted is None:
-                return
-            path = str(mounted.path)
-            problem = None
-            if mount_type(path) == "fuse.shardfs":
-                result = unmount(path)
-                if result.returncode != 0:
-                    problem = f"fusermount3 -u failed: {result.stderr.strip()}; unmounted lazily"
-                    unmount(path, lazy=True)
-            try:
-                mounted.process.wait(timeout=self.EXIT_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                mounted.process.kill()
-                mounted.process.wait(timeout=30)
-                problem = f"the daemon did not exit in {self.EXIT_TIMEOUT:.0f} s; killed"
-            if mount_type(path) == "fuse.shardfs":
-                unmount(path, lazy=True)
-            if problem is None and mounted.process.returncode != 0:
-                problem = f"the daemon exited with status {mounted.process.returncode}"
-            if problem is not None:
-                raise RuntimeError(f"{problem} (see {self.log})")
-
-
 # -- the cases ------------------------------------------------------------------------
-
-
-def cpu_children() -> float:
-    """CPU of this process's reaped children (e.g. the daemon, once it has exited)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def writer_main(spec_text: str) -> int:
-    """The writer process: load the data, make the array if asked (untimed), say "ready",
-    and on "go" open the array, check its layout and write all of it; report the time and
-    CPU of that (and of a following os.sync() if asked) as one JSON line.
-
-    It runs as `python -c` from its own source (see `timed_write`), under zarr-python 3
-    or 2.18, which cannot import this module: it imports what it needs itself.
-    """
-    import json
-    import os
-    import resource
-    import sys
-    import time
-
-    import numpy as np
-    import zarr
-
-    def cpu() -> float:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-
-    spec = json.loads(spec_text)
-    data = np.load(spec["data"])
-    if spec["create"]:  # with this zarr-python's defaults (zarr-python 2: its compressor)
-        zarr.open_array(
-            spec["target"], mode="w", shape=data.shape, chunks=spec["chunks"], dtype=data.dtype
-        )
-    print("ready", flush=True)
-    if sys.stdin.readline() != "go\n":
-        return 1
-    cpu0 = cpu()
-    started = time.perf_counter()
-    array = zarr.open_array(spec["target"], mode="r+")
-    layout = [list(array.chunks), getattr(array, "shards", None) is not None]
-    if layout != [spec["chunks"], spec["sharded"]]:
-        raise RuntimeError(f"{spec['target']}: unexpected layout (chunks, sharded) {layout}")
-    array[...] = data
-    written = time.perf_counter()
-    cpu1 = cpu()
-    if spec["sync"]:
-        os.sync()
-    synced = time.perf_counter()
-    result = {"write": written - started, "sync": synced - written, "cpu": cpu1 - cpu0}
-    print(json.dumps(result), flush=True)
-    return 0
-
-
-@dataclass(frozen=True)
-class Writer:
-    """A zarr-python that writes: its interpreter, and whether it makes the array itself
-    (zarr-python 2.18, with its defaults) or finds it made."""
-
-    python: str = sys.executable
-    creates: bool = False
-
-
-ZARR3 = Writer()
-
-
-def timed_write(
-    target: Path,
-    data_file: Path,
-    sharded: bool,
-    sync: bool,
-    chunk: int = CHUNK,
-    writer: Writer = ZARR3,
-) -> dict[str, float]:
-    """Write the array in a writer process of its own (`writer_main`).
-
-    A process, not a call: if the benchmark is interrupted, killing the writer
-    (by its PID) closes every file it has open in the mount, so the unmount
-    that follows is not refused as busy, and no write outlives it. The writer
-    runs in its own session, so a Ctrl-C reaches only this process, which kills it.
-    """
-    spec = {"target": str(target), "data": str(data_file), "chunks": [chunk] * 3}
-    spec |= {"sharded": sharded, "sync": sync, "create": writer.creates}
-    program = f"import sys\n{inspect.getsource(writer_main)}\nsys.exit(writer_main(sys.argv[1]))"
-    process = subprocess.Popen(
-        [writer.python, "-c", program, json.dumps(spec)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        if process.stdout.readline() != b"ready\n":
-            raise RuntimeError(f"the writer of {target} did not start")
-        process.stdin.write(b"go\n")
-        process.stdin.flush()
-        line = process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the writer of {target} failed (exit status {process.wait()})")
-        process.wait(timeout=60)
-        return json.loads(line)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
 
 
 @dataclass
@@ -486,7 +284,7 @@ class MountWrite:
         writes = [h.writes for h in histories if h.writes is not None]
         described = f"{len(histories)} shards"
         if writes:
-            described += f", writes per shard {spread(writes)}"
+            described += f", writes per shard {Spread.of(writes, 0)}"
         return (
             f"write {self.write:.3f} s + unmount {self.unmount:.3f} s; "
             f"CPU: writer {self.writer_cpu:.1f} s, daemon {self.daemon_cpu:.1f} s; {described}"
@@ -643,8 +441,7 @@ class Bench:
 
     def repetition(self, rep: int, reps: int, cases: list[tuple[str, Callable[[], str]]]) -> None:
         """The cases, in an order rotated per repetition."""
-        order = cases[rep % len(cases) :] + cases[: rep % len(cases)]
-        for key, case in order:
+        for key, case in rotated(cases, rep):
             print(f"  rep {rep + 1}/{reps} {key}: {case()}", flush=True)
 
     def default_cases(self) -> list[tuple[str, Callable[[], str]]]:
@@ -718,66 +515,79 @@ SMALL_RATIOS: list[Ratio] = [
 ]
 
 
-def ratio_rows(t: dict[str, list[float]], ratios: list[Ratio]) -> list[str]:
-    lines = ["| ratio (throughput, median of per-repetition ratios) | value (range) |"]
-    lines.append("|---|---:|")
+def ratio_rows(table: results.Table, t: dict[str, list[float]], ratios: list[Ratio]) -> None:
     for num, den, label, target in ratios:
         # Throughput ratio = inverse time ratio; the two ran close together in one repetition.
-        values = sorted(d / n for n, d in zip(t[num], t[den], strict=True))
+        values = paired(t[den], t[num])
         median = statistics.median(values)
-        cell = f"{median:.2f} ({values[0]:.2f}-{values[-1]:.2f})"
+        verdict = None
         if target is not None:
             name, least = target
             if name is None:
-                cell += f", {'above' if median >= least else 'below'} {least} (for reference)"
+                verdict = f"{'above' if median >= least else 'below'} {least} (for reference)"
             else:
-                cell += f", target {name} >= {least}: {'met' if median >= least else 'NOT met'}"
-        lines.append(f"| {label} | {cell} |")
-    return lines
+                verdict = f"target {name} >= {least}: {'met' if median >= least else 'NOT met'}"
+        table.row(label, Spread.of(values), verdict)
 
 
-def report(bench: Bench, reps: int, nbytes: int) -> str:
+def ratio_table(result: Result) -> results.Table:
+    return result.table(
+        "Ratios of throughput: median (range) of per-repetition ratios",
+        ["ratio", "value", "target"],
+    )
+
+
+def report(bench: Bench, reps: int, nbytes: int, result: Result) -> None:
     mib = nbytes / (1 << 20)
     t = bench.times
-    lines = [
-        f"| case (median of {reps}, {mib:.0f} MiB uncompressed) | MiB/s (range) | s | writer CPU s |",
-        "|---|---:|---:|---:|",
-    ]
+    table = result.table(
+        f"Each case's write, median (range) of {reps}, {mib:.0f} MiB uncompressed",
+        ["case", "MiB/s", "s", "writer CPU s"],
+        detail=True,
+    )
     for key, label in CASES:
-        rates = [mib / s for s in t[key]]
         cpu = t.get(f"{key}-client-cpu")
-        cpu_cell = f"{statistics.median(cpu):.1f}" if cpu else ""
-        lines.append(
-            f"| {key} {label} | {spread(rates)} | {statistics.median(t[key]):.3f} | {cpu_cell} |"
+        table.row(
+            f"{key} {label}",
+            Spread.of([mib / s for s in t[key]], 0),
+            round(statistics.median(t[key]), 3),
+            round(statistics.median(cpu), 1) if cpu else None,
         )
-    return "\n".join([*lines, "", *ratio_rows(t, RATIOS)])
+    ratio_rows(ratio_table(result), t, RATIOS)
 
 
-def small_report(bench: Bench, reps: int) -> str:
+def small_report(bench: Bench, reps: int, result: Result) -> None:
     mib = bench.data.nbytes / (1 << 20)
     t = bench.times
-    lines = [
-        f"| case (median (min-max) of {reps}; {mib:.0f} MiB uncompressed) | s | MiB/s "
-        "| writer CPU s | daemon CPU s: up to the unmount, in all | stored MiB |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+    table = result.table(
+        f"Each case's write, median (range) of {reps}; {mib:.0f} MiB uncompressed",
+        [
+            "case",
+            "s",
+            "MiB/s",
+            "writer CPU s",
+            "daemon CPU s: up to the unmount, in all",
+            "stored MiB",
+        ],
+        detail=True,
+    )
     for key, label in SMALL_CASES:
-        rate = "" if key.endswith("-unmount") else f"{mib / statistics.median(t[key]):.0f}"
-        cells = [spread(t[key], "{:.3f}"), rate]
+        rate = None if key.endswith("-unmount") else round(mib / statistics.median(t[key]))
+        cells: list[str | float | Spread | None] = [Spread.of(t[key], 3), rate]
         if key in bench.stored:
-            cells.append(f"{statistics.median(t[f'{key}-client-cpu']):.1f}")
+            cells.append(round(statistics.median(t[f"{key}-client-cpu"]), 1))
             daemon = t.get(f"{key}-daemon-cpu")
             writing = t.get(f"{key}-daemon-cpu-writing")
             cells.append(
                 f"{statistics.median(writing):.1f}, {statistics.median(daemon):.1f}"
                 if daemon and writing
-                else ""
+                else None
             )
-            cells.append(f"{statistics.median(bench.stored[key]) / (1 << 20):.1f}")
+            cells.append(round(statistics.median(bench.stored[key]) / (1 << 20), 1))
         else:
-            cells += ["", "", ""]
-        lines.append(f"| {label} | {' | '.join(cells)} |")
-    return "\n".join([*lines, "", *ratio_rows(t, SMALL_RATIOS)])
+            cells += [None, None, None]
+        table.row(label, *cells)
+    ratio_rows(ratio_table(result), t, SMALL_RATIOS)
 
 
 def requests_report(bench: Bench) -> list[str]:
@@ -794,88 +604,94 @@ def requests_report(bench: Bench) -> list[str]:
             for name, n in counts.most_common()
             if n
         )
-        lines.append(f"  {key}: {counts.total() / chunks:.2f} in all: {per_chunk}")
+        lines.append(f"{key}: {counts.total() / chunks:.2f} in all: {per_chunk}")
     return lines
 
 
-def shard_report(bench: Bench, reps: int) -> str:
-    lines = [
-        "shard files written through the mount (case a), per repetition, "
-        "median (min-max) over shards:",
-        "| rep | shards | writes per shard (1 whole + appends) | appends, whole writes "
-        "(from the files; daemon log) | size / compact size | dead bytes per shard "
-        "| dead total | stored total |",
-        "|---|---:|---|---|---|---|---:|---:|",
-    ]
+def shard_report(bench: Bench, result: Result) -> None:
+    table = result.table(
+        "Shard files written through the mount (case a), per repetition, median (range) over "
+        "shards",
+        [
+            "rep",
+            "shards",
+            "writes per shard (1 whole + appends)",
+            "appends, whole writes (from the files; daemon log)",
+            "size / compact size",
+            "dead KiB per shard",
+            "dead total MiB",
+            "stored total MiB",
+        ],
+        detail=True,
+    )
     for rep, histories in enumerate(bench.shards["a"]):
         writes = [h.writes for h in histories if h.writes is not None]
         unparsed = len(histories) - len(writes)
         ratio = [h.size / (h.live + h.index_size) for h in histories]
         dead = [h.dead / 1024 for h in histories]
-        cell = spread(writes) if writes else "-"
+        cell = str(Spread.of(writes, 0)) if writes else "-"
         if unparsed:
             cell += f" ({unparsed} shards not parsed)"
         counts = f"{sum(writes) - len(writes)}, {len(writes)}; "
         logged = bench.logged[rep]
         counts += "not logged" if logged is None else f"{logged[0]}, {logged[1]}"
-        lines.append(
-            f"| {rep + 1} | {len(histories)} | {cell} | {counts} | {spread(ratio, '{:.2f}')} "
-            f"| {spread(dead)} KiB | {sum(h.dead for h in histories) / (1 << 20):.1f} MiB "
-            f"| {sum(h.size for h in histories) / (1 << 20):.1f} MiB |"
+        table.row(
+            rep + 1,
+            len(histories),
+            cell,
+            counts,
+            Spread.of(ratio),
+            Spread.of(dead, 0),
+            round(sum(h.dead for h in histories) / (1 << 20), 1),
+            round(sum(h.size for h in histories) / (1 << 20), 1),
         )
-    lines.append(
+    result.note(
         "writes per shard are read from the shard files: each append ends in a new "
         "checksummed index, and the one before it ends where the append's first chunk starts; "
         "the daemon logs only totals (appends, whole writes) at unmount, if at all"
     )
-    return "\n".join(lines)
 
 
-def command_line() -> str:
-    return f"$ {' '.join([os.path.relpath(sys.executable), *sys.argv])}"
-
-
-def print_default(bench: Bench, reps: int, options: list[str]) -> None:
+def print_default(bench: Bench, reps: int, options: list[str]) -> Result:
     shape = bench.data.shape
     nbytes = bench.data.nbytes
-    table = report(bench, reps, nbytes)
     stored = {k: statistics.median(v) / (1 << 20) for k, v in bench.stored.items()}
-    print()
-    print(command_line())
-    print(machine())
-    print(
+    result = Result(
+        "write_throughput",
+        {"size_mib": round(nbytes / (1 << 20)), "reps": reps, "mount_options": options[:-1]},
+    )
+    result.note(
         f"array {shape} uint8 = {nbytes / (1 << 20):.0f} MiB, chunks {CHUNK}^3, shards "
         f"{SHARD}^3, zstd level 0; stored MiB (median): a {stored['a']:.1f} (shards, dead "
         f"bytes included), b {stored['b']:.1f} (chunk files), c {stored['c']:.1f} (shards); "
         f"mount options: {','.join(options[:-1]) or 'defaults'}"
     )
-    print(table)
-    print(
+    report(bench, reps, nbytes, result)
+    result.note(
         "headline a/b: (a) is timed up to the end of the unmount, the first moment its data "
         "is in the source, committed with fsync; (b) without sync, the way a writer of a "
         "plain directory works (its data still in the page cache). a/b_sync, with b's data "
         "flushed by os.sync(), is the like-for-like durability comparison."
     )
     a = bench.times
-    print(
+    result.note(
         f"case a, median: write call {statistics.median(a['a-write']):.3f} s, unmount "
         f"(commits still buffered) {statistics.median(a['a-unmount']):.3f} s; CPU: writer "
         f"{statistics.median(a['a-client-cpu']):.1f} s (b: "
         f"{statistics.median(a['b-client-cpu']):.1f} s), daemon "
         f"{statistics.median(a['a-daemon-cpu']):.1f} s"
     )
-    print(shard_report(bench, reps))
+    shard_report(bench, result)
     if bench.profiled:
-        print(bench.profiled)
+        result.note(bench.profiled)
+    return result
 
 
-def print_small(bench: Bench, reps: int, options: list[str]) -> None:
+def print_small(bench: Bench, reps: int, options: list[str]) -> Result:
     shape = bench.data.shape
     chunks = math.prod(math.ceil(n / bench.chunk) for n in shape)
-    print()
-    print(command_line())
-    print(machine())
-    print(
+    result = Result("write_throughput-small", {"reps": reps, "mount_options": options[:-1]})
+    result.note(
         f"array {shape} {bench.data.dtype} = {bench.data.nbytes / (1 << 20):.0f} MiB in "
         f"{chunks} chunks of {bench.chunk}^3; compressors: (1), (2) zarr-python 2.18's "
         f"default, {bench.compressors.get('v2-plain')}; (3), (4) {COMPRESSOR}; (1) and (3) "
@@ -883,9 +699,9 @@ def print_small(bench: Bench, reps: int, options: list[str]) -> None:
         f"{','.join([*options[:-1], *SMALL_MOUNT_OPTIONS['v2-mount']])}, (3) "
         f"{','.join([*options[:-1], *SMALL_MOUNT_OPTIONS['v3-mount']])}"
     )
-    print(small_report(bench, reps))
-    print(
-        "targets (issue 21): plain time / mount time, the mount timed up to the end of its "
+    small_report(bench, reps, result)
+    result.note(
+        "targets: plain time / mount time, the mount timed up to the end of its "
         "unmount (its data committed, fsynced, in the source), checked against the plain "
         "write with os.sync() (committed too: like for like); the plain write without sync "
         "(its data still in the page cache) is shown for reference. Stored MiB: chunk or "
@@ -894,17 +710,19 @@ def print_small(bench: Bench, reps: int, options: list[str]) -> None:
     for key in SMALL_MOUNT_OPTIONS:
         writes = [h.writes for run in bench.shards[key] for h in run if h.writes is not None]
         shards = statistics.median(len(run) for run in bench.shards[key])
-        print(
+        result.note(
             f"{key}: {shards:.0f} shards, writes per shard (1 whole + appends) "
-            f"{spread(writes) if writes else '-'}; "
+            f"{Spread.of(writes, 0) if writes else '-'}; "
             f"written and compared whole with zarr-python 3 from the source after every run"
         )
-    print(
+    result.note(
         f"FUSE requests per chunk ({chunks} chunks), from one more, untimed run of each mount "
         "with -o debug (release and releasedir are not logged: counted as one per create or "
         "open and per opendir; forget is not counted):"
     )
-    print("\n".join(requests_report(bench)))
+    for line in requests_report(bench):
+        result.note(line)
+    return result
 
 
 # -- main -----------------------------------------------------------------------------
@@ -1003,9 +821,14 @@ def main() -> int:
         type=Path,
         help="where the arrays are written (default: bench-data/write, with --small-chunks "
         "bench-data/write-small, git-ignored; not bench-data itself, which holds "
-        "read_throughput.py's data set)",
+        "read_throughput's data set)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the written arrays")
+    parser.add_argument(
+        "--results",
+        help="where the result goes (default benchmarks/results/write_throughput.json, "
+        "with --small-chunks write_throughput-small.json; 'none': nowhere)",
+    )
     parser.add_argument(
         "--profile",
         type=Path,
@@ -1044,7 +867,10 @@ def main() -> int:
             mounts.stop()
         finally:
             clean_up(work, created, mounts.mountpoint, args.keep)
-    show(bench, args.reps, options)
+    result = show(bench, args.reps, options)
+    result.write(
+        results.results_path(args.results or str(results.RESULTS / f"{result.workload}.json"))
+    )
     return 0
 
 
