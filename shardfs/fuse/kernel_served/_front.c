@@ -203,6 +203,36 @@ static void table_remove(table_t *t, void *item, key_fn key)
 
 static void *table_first(table_t *t, uint64_t k) { return t->buckets[mix(k) & (t->size - 1)]; }
 
+/* Free a table, and each of its items with `free_item` (none if NULL). */
+static void table_free(table_t *t, void (*free_item)(void *))
+{
+    for (size_t i = 0; free_item && t->buckets && i < t->size; i++) {
+        void *item = t->buckets[i];
+        while (item) {
+            void *next = *link_of(t, item);
+            free_item(item);
+            item = next;
+        }
+    }
+    free(t->buckets);
+    t->buckets = NULL;
+}
+
+static void free_dir(void *p)
+{
+    free(((struct dir *)p)->doc_path);
+    free(p);
+}
+
+static void free_kept(void *p)
+{
+    struct kept *k = p;
+    if (k->fd >= 0)
+        close(k->fd);
+    free(k->path);
+    free(k);
+}
+
 static uint64_t kept_key(void *p) { return ((struct kept *)p)->id; }
 static uint64_t dir_key(void *p) { return ((struct dir *)p)->nodeid; }
 static uint64_t slot_key(void *p) { return ((struct slot *)p)->slot; }
@@ -486,6 +516,7 @@ static int forward(Front *f, char *buf, size_t n);
 static void *work(void *arg)
 {
     Front *f = arg;
+    pthread_setname_np(pthread_self(), "shardfs-reader"); /* as `top -H` shows it */
     char *buf = malloc(READ_BUFFER);
     pthread_mutex_lock(&f->lock);
     for (;;) {
@@ -647,6 +678,7 @@ static int forward(Front *f, char *buf, size_t n)
 static void *serve(void *arg)
 {
     Front *f = arg;
+    pthread_setname_np(pthread_self(), "shardfs-front");
     for (;;) {
         ssize_t n = read(f->dev, f->request, REQUEST_BUFFER);
         if (n < 0) {
@@ -705,47 +737,11 @@ static void Front_dealloc(Front *f)
 {
     /* The thread must have ended (`stop`); a front never started owns only memory. */
     if (!f->started || !f->running) {
-        for (size_t i = 0; f->nodes.buckets && i < f->nodes.size; i++) {
-            struct row *r = f->nodes.buckets[i];
-            while (r) {
-                struct row *next = r->next_node;
-                free(r);
-                r = next;
-            }
-        }
-        for (size_t i = 0; f->slots.buckets && i < f->slots.size; i++) {
-            struct slot *s = f->slots.buckets[i];
-            while (s) {
-                struct slot *next = s->next;
-                free(s);
-                s = next;
-            }
-        }
-        for (size_t i = 0; f->dirs.buckets && i < f->dirs.size; i++) {
-            struct dir *d = f->dirs.buckets[i];
-            while (d) {
-                struct dir *next = d->next;
-                free(d->doc_path);
-                free(d);
-                d = next;
-            }
-        }
-        for (size_t i = 0; f->kept.buckets && i < f->kept.size; i++) {
-            struct kept *k = f->kept.buckets[i];
-            while (k) {
-                struct kept *next = k->next;
-                if (k->fd >= 0)
-                    close(k->fd);
-                free(k->path);
-                free(k);
-                k = next;
-            }
-        }
-        free(f->kept.buckets);
-        free(f->dirs.buckets);
-        free(f->slots.buckets);
-        free(f->nodes.buckets);
-        free(f->names.buckets);
+        table_free(&f->nodes, free);
+        table_free(&f->slots, free);
+        table_free(&f->dirs, free_dir);
+        table_free(&f->kept, free_kept);
+        table_free(&f->names, NULL); /* (its rows are the nodes') */
         free(f->request);
         free(f->reply);
         if (f->dev >= 0)
