@@ -81,11 +81,10 @@ PER_DIR = 100  #: chunk files per chunk directory (the last axis)
 FILE_BYTES = CHUNK**3
 #: Bumped whenever the generated data changes, so an old data set is not reused.
 GENERATOR = 1
-KINDS = ("floor", "floor-noopen", "shardfs-ro", "shardfs-ro-python", "shardfs-ro-open", "shardfs-rw")
+KINDS = ("floor", "floor-noopen", "shardfs-ro", "shardfs-ro-open", "shardfs-rw")
 #: The mount options of each shardfs kind (`debug` is added for the counting run).
 SHARDFS_OPTIONS = {
     "shardfs-ro": ["ro"],
-    "shardfs-ro-python": ["ro", "front=no"],  # kernel-served, without the native front
     "shardfs-ro-open": ["ro", "kernel_cache=no"],
     "shardfs-rw": [],
 }
