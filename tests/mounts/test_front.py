@@ -41,6 +41,15 @@ def stats(mountpoint: Path) -> dict[str, Any]:
     return fuse
 
 
+def shardfs_stats(mountpoint: Path) -> str:
+    """What `shardfs stats` prints for a person."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shardfs", "stats", str(mountpoint)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
 def write(source: Path, seed: int) -> np.ndarray:
     """zarr-python writes the array "a" (uncompressed: chunk files are stored bytes)."""
     data = np.random.default_rng(seed).integers(0, 1 << 16, SHAPE, dtype="uint16")
@@ -85,6 +94,9 @@ def test_the_front_answers_lookups_reads_and_ioctls_with_the_bytes_python_would(
     assert stats(off.path)["front"] == {"off": "front=no"}
     assert "the native front is off: front=no" in off.log()
     assert "native front is off" not in on.log()
+    shown = [shardfs_stats(m.path) for m in (on, off)]
+    assert "native front, answered:" in shown[0] and "passed on to Python:" in shown[0]
+    assert "native front: off (front=no)" in shown[1]
 
 
 def test_a_new_version_goes_to_python_and_gets_new_node_ids(source: Path, mount: Any) -> None:
