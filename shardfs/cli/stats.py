@@ -93,11 +93,28 @@ def lines(stats: dict[str, Any]) -> list[str]:
             f"  {name:<24} {figures['hits']:>12} {figures['misses']:>12} "
             f"{hit_rate(figures):>9} {used:>22}"
         )
-    out += ["", "FUSE requests:"]
+    out += ["", "FUSE requests answered in Python:"]
     out += [f"  {kind:<24} {n:>12}" for kind, n in fuse["requests"].items()]
     out += [f"  error {error:<18} {n:>12}" for error, n in fuse["errors"].items()]
+    out += _front_lines(fuse.get("front"))
     commits = stats.get("commits")
     if commits is not None:
         out += ["", "commits:"]
         out += [f"  {name:<24} {n:>12}" for name, n in commits.items()]
     return out
+
+
+def _front_lines(front: dict[str, Any] | None) -> list[str]:
+    """The native front's figures (docs/semantics.md, "Statistics")."""
+    if front is None:
+        return []
+    if "off" in front:
+        return ["", f"native front: off ({front['off']})"]
+    out = ["", "native front, answered:"]
+    out += [f"  {kind:<24} {n:>12}" for kind, n in front["answered"].items()]
+    out.append(f"  {'of them read from disk':<24} {front['read from disk']:>12}")
+    out += ["  passed on to Python:"]
+    out += [f"  {kind:<24} {n:>12}" for kind, n in front["passed on"].items()]
+    out += [f"  because {why:<16} {n:>12}" for why, n in front["misses"].items() if n]
+    tables = ", ".join(f"{front[k]} {k}" for k in ("rows", "versions", "directories", "slots"))
+    return [*out, f"  tables: {tables}"]

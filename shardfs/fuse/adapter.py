@@ -257,6 +257,10 @@ INODE_AS_FH: bool = getattr(pyfuse3, "SHARDFS_INODE_AS_FH", False)
 INODE_READERS = 256
 #: Listings a kernel-served mount keeps while the kernel reads them, one per directory.
 INODE_LISTINGS = 64
+#: Shards of a chunk directory after the one a lookup found whose rows the native front is
+#: given ahead (see `Operations.fill_ahead`), and such fills waiting at most.
+SHARDS_AHEAD = 8
+AHEAD_QUEUED = 256
 #: Where the chunk files a kernel-served mount's lookups located are stored (about 200
 #: bytes each), by node id: the read of such a file needs no reader. A node id names one
 #: version (see `InodeTable`), so a location, once known, never goes stale.
@@ -386,6 +390,11 @@ class Operations(pyfuse3.Operations):
         )
         #: the native front, attached by the daemon once pyfuse3 has mounted
         self.front = front
+        #: shards whose rows the front is to be given ahead of their lookups (`fill_ahead`)
+        self._ahead, self._ahead_receive = trio.open_memory_channel[
+            tuple[int, ChunkDirectory, str]
+        ](AHEAD_QUEUED)
+        self._asked_ahead: set[tuple[int, str]] = set()
         if front is not None and self.versions is not None:
             front.versions = self.versions
             self.versions.elsewhere = front
@@ -581,6 +590,7 @@ class Operations(pyfuse3.Operations):
                     if self.front is not None:  # its other chunk files are the front's
                         slot = (held[0] >> SHIFT) - 1
                         self.front.fill(parent_inode, directory, found, held[0], slot)  # type: ignore[arg-type]
+                        self._ask_ahead(parent_inode, directory, found)
                     return self._entry(ino, attr)
             parent = self._node(parent_inode)
             if text == ".":
@@ -595,10 +605,69 @@ class Operations(pyfuse3.Operations):
                     return self._absent()
                 if seen is not None and node.role is Role.CHUNK:
                     self._prepared(parent_inode, parent, node)
+                    entry = self._reply(node, attr, seen)
+                    if self.front is not None:
+                        self._first_to_front(parent_inode, text)
+                    return entry
                 return self._reply(node, attr, seen)
             return self._reply(node, attr)
         except Exception as e:
             raise _fuse_error(self, "lookup", (parent_inode, name, ctx), e) from None
+
+    def _first_to_front(self, parent_inode: int, name: str) -> None:
+        """After the first lookup in a directory (the long way, which prepared it): its
+        shard's rows to the front, and the next shards' asked for, as later lookups do.
+        Only if the prepared directory answers inline (it just located that shard)."""
+        prepared = self._leaves.get(parent_inode)
+        if prepared is None or self.front is None:
+            return
+        leaf, bases = prepared
+        try:
+            found = attempt(leaf.entry, name)
+        except (WouldBlock, ShardfsError):
+            return
+        if found is None or found[3].shard is None:
+            return
+        held = self._base(bases, found[0], found[3].shard)
+        if held is not None:
+            self.front.fill(parent_inode, leaf, found, held[0], (held[0] >> SHIFT) - 1)
+            self._ask_ahead(parent_inode, leaf, found)
+
+    def _ask_ahead(self, parent_inode: int, leaf: ChunkDirectory, found: Any) -> None:
+        """Have the rows of the next shards of this directory filled in the background
+        (`fill_ahead`): a reader going through it in key order then finds them in the
+        front, not one lookup per shard here. Asked once per (directory, shard)."""
+        for name in leaf.names_ahead(found, SHARDS_AHEAD):
+            asked = (parent_inode, name)
+            if asked in self._asked_ahead:
+                continue
+            if len(self._asked_ahead) >= DIRECTORIES_KEPT * SHARDS_AHEAD:
+                self._asked_ahead.clear()
+            self._asked_ahead.add(asked)
+            try:
+                self._ahead.send_nowait((parent_inode, leaf, name))
+            except trio.WouldBlock:
+                return  # busy: the lookups of those chunks fill them instead
+
+    async def fill_ahead(self) -> None:
+        """Fill the front's rows of the shards `_ask_ahead` named, as a lookup of each
+        would: the shard located (its index read, in a worker thread if it must wait),
+        its version kept, numbered and filled. Runs for the life of the mount."""
+        async for parent_inode, leaf, name in self._ahead_receive:
+            prepared = self._leaves.get(parent_inode)
+            front, versions = self.front, self.versions
+            if front is None or versions is None or prepared is None or prepared[0] is not leaf:
+                continue
+            try:
+                found = await self._run(leaf.entry, name)
+            except ShardfsError:
+                continue  # (missing, or hostile: the lookup of that chunk will say)
+            if found is None or found[3].shard is None:
+                continue
+            held = self._base(prepared[1], found[0], found[3].shard)
+            if held is not None:
+                versions.keep(found[4])
+                front.fill(parent_inode, leaf, found, held[0], (held[0] >> SHIFT) - 1)
 
     def _base(
         self, bases: dict[Hashable, Any], array: ArrayView, shard: tuple[str, Stat]

@@ -142,6 +142,8 @@ def serve(
             nursery.start_soon(control.serve, control_path, operations.stats)
             if operations.versions is not None:
                 nursery.start_soon(_let_go, operations.versions)
+            if operations.front is not None:
+                nursery.start_soon(operations.fill_ahead)
             if stats_interval:
                 nursery.start_soon(_log_stats, operations, stats_interval)
             if isinstance(view, Workspace):

@@ -113,15 +113,11 @@ class _FilePin(Pin):
         """A write watch taken before a stat of the file that finds it exactly version
         `stat` (None otherwise: a change since `stat` was taken, such as an in-place
         rewrite with the mtime set back, may be in it, and nothing vouches for it)."""
-        descriptor = self._held()
         try:
-            fd = self._pool.acquire(descriptor)
+            with self._fd() as fd:
+                st, watch = self._watches.watch(fd)
         except SourceChanged:
             return None
-        try:
-            st, watch = self._watches.watch(fd)
-        finally:
-            self._pool.release(descriptor)
         if watch is not None and _version(st) != stat.version:
             self._watches.release(watch)
             watch = None
@@ -189,20 +185,25 @@ class _FilePin(Pin):
             self._watch = None
         self._watch = self._watched(stat)
 
-    def duplicate(self) -> int | None:
+    @contextmanager
+    def _fd(self) -> Iterator[int]:
+        """The version's descriptor, kept open for the budget while in use (SourceChanged
+        if the budget closed it and the file changed since)."""
         descriptor = self._held()
+        fd = self._pool.acquire(descriptor)
         try:
-            fd = self._pool.acquire(descriptor)
-        except SourceChanged:
-            return None
-        try:
-            if _version(os.fstat(fd)) != self.stat.version:
-                return None  # changed in place: Python decides whether it still holds it
-            return os.dup(fd)
-        except OSError:
-            return None
+            yield fd
         finally:
             self._pool.release(descriptor)
+
+    def duplicate(self) -> int | None:
+        try:
+            with self._fd() as fd:
+                if _version(os.fstat(fd)) != self.stat.version:
+                    return None  # changed in place: Python decides whether it still holds it
+                return os.dup(fd)
+        except (SourceChanged, OSError):
+            return None
 
     def clone(self) -> _FilePin:
         descriptor = self._held()
@@ -217,16 +218,8 @@ class _FilePin(Pin):
         if start <= offset and offset + length <= end:
             return  # asked for already
         self._advised = (offset, offset + length)
-        descriptor = self._held()
-        try:
-            fd = self._pool.acquire(descriptor)
-        except SourceChanged:
-            return  # only a hint
-        try:
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-        finally:
-            self._pool.release(descriptor)
+        with contextlib.suppress(SourceChanged, OSError), self._fd() as fd:  # only a hint
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         if self._watch is not None:

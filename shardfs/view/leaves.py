@@ -137,6 +137,17 @@ class ChunkDirectory:
             entries[present, 1].tolist(),
         )
 
+    def names_ahead(self, found: Found, count: int) -> list[str]:
+        """The first chunk file of each of the `count` shards after the one `found` is
+        stored in, in this directory: where a reader going through it in key order looks
+        next (empty where names are decoded whole)."""
+        if self._limit is None:
+            return []
+        k = found[2] - self._base
+        first = k - k % self._per_shard + self._per_shard
+        stop = min(first + count * self._per_shard, self._limit)
+        return [str(n) for n in range(first, stop, self._per_shard)]
+
     def entry(self, name: str) -> Found | None:
         """The chunk file `name` (MissingChunk if the array has no such chunk), or None
         where only the long way can tell (see the module's docstring)."""

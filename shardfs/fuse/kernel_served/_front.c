@@ -21,8 +21,10 @@
  *
  * Reads are served from a descriptor of the version, duplicated from the one Python
  * keeps, with preadv2(RWF_NOWAIT): page-cache hits only, so that no disk read stalls the
- * requests behind it. A miss, a short read, or a file that a fstat after the read finds
- * changed goes to Python, which reads it (or fails with EIO, the version being gone).
+ * requests behind it. A miss goes to one of a few worker threads, which reads it from
+ * the disk (and asks the kernel to read ahead in the shard). A short read, or a file that
+ * a fstat after the read finds changed, goes to Python, which reads it (or fails with
+ * EIO, the version being gone).
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -59,6 +61,11 @@
 /* Prepared directories at most: beyond, all of them are dropped. (Kept versions, each a
    descriptor, are bounded by the caller: `kept_max`.) */
 #define DIRS_MAX 4096
+/* Threads that read what is not in the page cache, and reads waiting for them at most
+   (beyond, a read goes to Python); bytes asked to be read ahead in a shard at a miss. */
+#define WORKERS 4
+#define JOBS_MAX 256
+#define READ_AHEAD (4 << 20)
 
 typedef struct {
     uint64_t dev, ino, size;
@@ -69,11 +76,24 @@ typedef struct {
 struct kept {
     struct kept *next;
     uint64_t id;
-    int fd; /* -1 once dropped: reads go to Python */
+    int fd;      /* closed once dropped and no worker reads it (-1 then) */
+    int dropped; /* no longer kept by Python: reads go to Python, which answers EIO */
+    int busy;    /* workers reading it */
     char *path;
     version_t v;
     double shown_at;
     uint64_t rows;
+    uint64_t advised_end; /* read ahead up to here */
+};
+
+/* A read a worker does from the disk: the request is kept to pass it on if it fails. */
+struct job {
+    struct job *next;
+    struct kept *k;
+    uint64_t unique, offset;
+    size_t want, n;
+    int advise;
+    char request[];
 };
 
 /* A prepared directory (by node id) and the version of its array's document. */
@@ -183,6 +203,36 @@ static void table_remove(table_t *t, void *item, key_fn key)
 
 static void *table_first(table_t *t, uint64_t k) { return t->buckets[mix(k) & (t->size - 1)]; }
 
+/* Free a table, and each of its items with `free_item` (none if NULL). */
+static void table_free(table_t *t, void (*free_item)(void *))
+{
+    for (size_t i = 0; free_item && t->buckets && i < t->size; i++) {
+        void *item = t->buckets[i];
+        while (item) {
+            void *next = *link_of(t, item);
+            free_item(item);
+            item = next;
+        }
+    }
+    free(t->buckets);
+    t->buckets = NULL;
+}
+
+static void free_dir(void *p)
+{
+    free(((struct dir *)p)->doc_path);
+    free(p);
+}
+
+static void free_kept(void *p)
+{
+    struct kept *k = p;
+    if (k->fd >= 0)
+        close(k->fd);
+    free(k->path);
+    free(k);
+}
+
 static uint64_t kept_key(void *p) { return ((struct kept *)p)->id; }
 static uint64_t dir_key(void *p) { return ((struct dir *)p)->nodeid; }
 static uint64_t slot_key(void *p) { return ((struct slot *)p)->slot; }
@@ -242,13 +292,19 @@ typedef struct {
     pthread_mutex_t lock;
     table_t kept, dirs, slots, nodes, names;
     uint64_t rows;
-    size_t kept_max;
+    size_t kept_max, open_fds;
     uint64_t timeout_s;
     uint32_t timeout_ns;
     int minor; /* of the kernel's INIT: 0 until seen */
     uint64_t answered[KINDS];
     uint64_t passed[OPCODES];
     uint64_t misses[MISSES];
+    uint64_t disk_reads;
+    pthread_t workers[WORKERS];
+    int nworkers, stopping;
+    pthread_cond_t work;
+    struct job *jobs, *last_job;
+    size_t queued;
     char *request, *reply;
 } Front;
 
@@ -372,9 +428,10 @@ static void drop_dir(Front *f, struct dir *d)
     free(d);
 }
 
+/* Free `k` if nothing needs it: no row names it, Python let it go, no worker reads it. */
 static void release_kept(Front *f, struct kept *k)
 {
-    if (--k->rows || k->fd >= 0)
+    if (--k->rows || !k->dropped || k->busy)
         return;
     table_remove(&f->kept, k, kept_key);
     free(k->path);
@@ -394,7 +451,7 @@ static int answer_lookup(Front *f, struct fuse_in_header *in, const char *name, 
         return 0;
     }
     struct kept *k = r->kept;
-    if (k->fd < 0) {
+    if (k->dropped) {
         f->misses[M_DROPPED]++;
         return 0;
     }
@@ -428,13 +485,91 @@ static int answer_getattr(Front *f, struct fuse_in_header *in)
     return 1;
 }
 
-static int answer_read(Front *f, struct fuse_in_header *in, const struct fuse_read_in *rd)
+/* Hand a read that missed the page cache to a worker: whether one took it. */
+static int queue_read(Front *f, struct fuse_in_header *in, size_t n, struct kept *k,
+                      uint64_t offset, size_t want)
+{
+    if (!f->nworkers || f->queued >= JOBS_MAX || f->stopping)
+        return 0;
+    struct job *j = malloc(sizeof(*j) + n);
+    if (!j)
+        return 0;
+    *j = (struct job){.k = k, .unique = in->unique, .offset = offset, .want = want, .n = n};
+    memcpy(j->request, in, n);
+    if (offset + want > k->advised_end || offset < k->advised_end - READ_AHEAD) {
+        j->advise = 1; /* the chunks after it in the shard are read next, mostly */
+        k->advised_end = offset + READ_AHEAD;
+    }
+    k->busy++;
+    if (f->last_job)
+        f->last_job->next = j;
+    else
+        f->jobs = j;
+    f->last_job = j;
+    f->queued++;
+    pthread_cond_signal(&f->work);
+    return 1;
+}
+
+static int forward(Front *f, char *buf, size_t n);
+
+static void *work(void *arg)
+{
+    Front *f = arg;
+    pthread_setname_np(pthread_self(), "shardfs-reader"); /* as `top -H` shows it */
+    char *buf = malloc(READ_BUFFER);
+    pthread_mutex_lock(&f->lock);
+    for (;;) {
+        while (!f->jobs && !f->stopping)
+            pthread_cond_wait(&f->work, &f->lock);
+        struct job *j = f->jobs;
+        if (!j)
+            break;
+        f->jobs = j->next;
+        if (!f->jobs)
+            f->last_job = NULL;
+        f->queued--;
+        struct kept *k = j->k;
+        int fd = k->fd; /* open while busy */
+        pthread_mutex_unlock(&f->lock);
+        if (j->advise)
+            posix_fadvise(fd, j->offset, READ_AHEAD, POSIX_FADV_WILLNEED);
+        ssize_t got = buf ? pread(fd, buf, j->want, (off_t)j->offset) : -1;
+        struct stat st;
+        int ok = got == (ssize_t)j->want && fstat(fd, &st) == 0 && same_version(&st, &k->v);
+        if (ok)
+            send_reply(f, j->unique, 0, buf, j->want);
+        pthread_mutex_lock(&f->lock);
+        f->disk_reads += ok;
+        if (!ok)
+            f->misses[M_CHANGED]++;
+        int closing = --k->busy == 0 && k->dropped ? k->fd : -1;
+        if (closing >= 0) {
+            k->fd = -1;
+            f->open_fds--;
+            k->rows++; /* released right below: freed if no row names it */
+            release_kept(f, k);
+        }
+        pthread_mutex_unlock(&f->lock);
+        if (closing >= 0)
+            close(closing);
+        if (!ok)
+            forward(f, j->request, j->n); /* Python reads it, or answers EIO */
+        free(j);
+        pthread_mutex_lock(&f->lock);
+    }
+    pthread_mutex_unlock(&f->lock);
+    free(buf);
+    return NULL;
+}
+
+static int answer_read(Front *f, struct fuse_in_header *in, size_t n, const struct fuse_read_in *rd)
 {
     struct row *r = row_by_node(f, in->nodeid);
     if (!r)
         return 0;
     struct kept *k = r->kept;
-    if (k->fd < 0) {
+    if (k->dropped) {
         f->misses[M_DROPPED]++;
         return 0;
     }
@@ -448,7 +583,10 @@ static int answer_read(Front *f, struct fuse_in_header *in, const struct fuse_re
     }
     if (want) {
         struct iovec iov = {f->reply, want};
-        ssize_t got = preadv2(k->fd, &iov, 1, (off_t)(r->offset + rd->offset), RWF_NOWAIT);
+        uint64_t at = r->offset + rd->offset;
+        ssize_t got = preadv2(k->fd, &iov, 1, (off_t)at, RWF_NOWAIT);
+        if (got < 0 && errno == EAGAIN && queue_read(f, in, n, k, at, want))
+            return 1;
         if (got != (ssize_t)want) {
             f->misses[got < 0 && errno == EAGAIN ? M_NOT_CACHED : M_ERROR]++;
             return 0;
@@ -483,7 +621,7 @@ static int answer(Front *f, struct fuse_in_header *in, size_t n, int *kind)
     case FUSE_READ:
         *kind = K_READ;
         return body_len >= sizeof(struct fuse_read_in)
-            && answer_read(f, in, (const struct fuse_read_in *)body);
+            && answer_read(f, in, n, (const struct fuse_read_in *)body);
     case FUSE_IOCTL:
         /* What libfuse answers for pyfuse3, which implements no ioctl; every open of a
            file by Python's io.open asks one (isatty), and the kernel does not remember. */
@@ -540,6 +678,7 @@ static int forward(Front *f, char *buf, size_t n)
 static void *serve(void *arg)
 {
     Front *f = arg;
+    pthread_setname_np(pthread_self(), "shardfs-front");
     for (;;) {
         ssize_t n = read(f->dev, f->request, REQUEST_BUFFER);
         if (n < 0) {
@@ -568,6 +707,14 @@ static void *serve(void *arg)
         if (!done && forward(f, f->request, (size_t)n) < 0)
             break;
     }
+    /* the workers finish what they were given (their replies fail: unmounted) */
+    pthread_mutex_lock(&f->lock);
+    f->stopping = 1;
+    pthread_cond_broadcast(&f->work);
+    pthread_mutex_unlock(&f->lock);
+    for (int i = 0; i < f->nworkers; i++)
+        pthread_join(f->workers[i], NULL);
+    f->nworkers = 0;
     /* pyfuse3 reads the end of the channel as the device's unmount */
     shutdown(f->ours, SHUT_RDWR);
     __atomic_store_n(&f->running, 0, __ATOMIC_RELEASE);
@@ -590,47 +737,11 @@ static void Front_dealloc(Front *f)
 {
     /* The thread must have ended (`stop`); a front never started owns only memory. */
     if (!f->started || !f->running) {
-        for (size_t i = 0; f->nodes.buckets && i < f->nodes.size; i++) {
-            struct row *r = f->nodes.buckets[i];
-            while (r) {
-                struct row *next = r->next_node;
-                free(r);
-                r = next;
-            }
-        }
-        for (size_t i = 0; f->slots.buckets && i < f->slots.size; i++) {
-            struct slot *s = f->slots.buckets[i];
-            while (s) {
-                struct slot *next = s->next;
-                free(s);
-                s = next;
-            }
-        }
-        for (size_t i = 0; f->dirs.buckets && i < f->dirs.size; i++) {
-            struct dir *d = f->dirs.buckets[i];
-            while (d) {
-                struct dir *next = d->next;
-                free(d->doc_path);
-                free(d);
-                d = next;
-            }
-        }
-        for (size_t i = 0; f->kept.buckets && i < f->kept.size; i++) {
-            struct kept *k = f->kept.buckets[i];
-            while (k) {
-                struct kept *next = k->next;
-                if (k->fd >= 0)
-                    close(k->fd);
-                free(k->path);
-                free(k);
-                k = next;
-            }
-        }
-        free(f->kept.buckets);
-        free(f->dirs.buckets);
-        free(f->slots.buckets);
-        free(f->nodes.buckets);
-        free(f->names.buckets);
+        table_free(&f->nodes, free);
+        table_free(&f->slots, free);
+        table_free(&f->dirs, free_dir);
+        table_free(&f->kept, free_kept);
+        table_free(&f->names, NULL); /* (its rows are the nodes') */
         free(f->request);
         free(f->reply);
         if (f->dev >= 0)
@@ -640,6 +751,7 @@ static void Front_dealloc(Front *f)
         if (f->theirs >= 0)
             close(f->theirs);
         pthread_mutex_destroy(&f->lock);
+        pthread_cond_destroy(&f->work);
     }
     Py_TYPE(f)->tp_free((PyObject *)f);
 }
@@ -665,6 +777,7 @@ static int Front_init(Front *f, PyObject *args, PyObject *kwds)
     f->timeout_s = (uint64_t)timeout;
     f->timeout_ns = (uint32_t)((timeout - (double)f->timeout_s) * 1e9);
     pthread_mutex_init(&f->lock, NULL);
+    pthread_cond_init(&f->work, NULL);
     if (table_init(&f->kept, offsetof(struct kept, next)) || table_init(&f->dirs, offsetof(struct dir, next))
         || table_init(&f->slots, offsetof(struct slot, next))
         || table_init(&f->nodes, offsetof(struct row, next_node))
@@ -695,6 +808,9 @@ static PyObject *Front_start(Front *f, PyObject *unused)
         return NULL;
     }
     f->running = 1;
+    for (int i = 0; i < WORKERS; i++) /* fewer if the system refuses: reads go to Python */
+        if (pthread_create(&f->workers[f->nworkers], NULL, work, f) == 0)
+            f->nworkers++;
     int e = pthread_create(&f->thread, NULL, serve, f);
     if (e) {
         f->running = 0;
@@ -767,7 +883,7 @@ static PyObject *Front_keep(Front *f, PyObject *args)
         return NULL;
     pthread_mutex_lock(&f->lock);
     struct kept *k = kept_by_id(f, id);
-    int known = k != NULL, usable = k && k->fd >= 0, refused = !k && f->kept.count >= f->kept_max;
+    int known = k != NULL, usable = k && !k->dropped, refused = !k && f->open_fds >= f->kept_max;
     pthread_mutex_unlock(&f->lock);
     if (known || refused) {
         close(fd);
@@ -784,6 +900,7 @@ static PyObject *Front_keep(Front *f, PyObject *args)
     *k = (struct kept){.id = id, .fd = fd, .path = p, .v = v, .shown_at = monotonic()};
     pthread_mutex_lock(&f->lock);
     table_put(&f->kept, k, kept_key);
+    f->open_fds++;
     pthread_mutex_unlock(&f->lock);
     Py_RETURN_TRUE;
 }
@@ -840,7 +957,7 @@ static PyObject *Front_fill(Front *f, PyObject *args)
     struct kept *k = kept_by_id(f, kid);
     struct slot *s = slot_by_number(f, slot);
     Py_ssize_t added = 0;
-    if (d && k && k->fd >= 0 && f->rows + n <= ROWS_MAX) {
+    if (d && k && !k->dropped && f->rows + n <= ROWS_MAX) {
         if (!s && (s = calloc(1, sizeof(*s)))) {
             s->slot = slot;
             table_put(&f->slots, s, slot_key);
@@ -921,7 +1038,7 @@ static PyObject *Front_shown_at(Front *f, PyObject *arg)
         return NULL;
     pthread_mutex_lock(&f->lock);
     struct kept *k = kept_by_id(f, id);
-    double at = k && k->fd >= 0 ? k->shown_at : 0.0;
+    double at = k && !k->dropped ? k->shown_at : 0.0;
     pthread_mutex_unlock(&f->lock);
     return PyFloat_FromDouble(at);
 }
@@ -934,9 +1051,13 @@ static PyObject *Front_drop(Front *f, PyObject *arg)
     int fd = -1;
     pthread_mutex_lock(&f->lock);
     struct kept *k = kept_by_id(f, id);
-    if (k) {
-        fd = k->fd;
-        k->fd = -1;
+    if (k && !k->dropped) {
+        k->dropped = 1;
+        if (!k->busy) { /* else the last worker reading it closes it */
+            fd = k->fd;
+            k->fd = -1;
+            f->open_fds--;
+        }
         k->rows++; /* released right below: freed if no row names it */
         release_kept(f, k);
     }
@@ -957,7 +1078,8 @@ static PyObject *Front_stats(Front *f, PyObject *unused)
     memcpy(answered_n, f->answered, sizeof(answered_n));
     memcpy(passed_n, f->passed, sizeof(passed_n));
     memcpy(miss, f->misses, sizeof(miss));
-    uint64_t rows = f->rows, kept = f->kept.count, dirs = f->dirs.count, slots = f->slots.count;
+    uint64_t rows = f->rows, kept = f->open_fds, dirs = f->dirs.count, slots = f->slots.count;
+    uint64_t disk = f->disk_reads;
     pthread_mutex_unlock(&f->lock);
     for (int i = 0; i < KINDS - 1; i++) {
         PyObject *a = PyLong_FromUnsignedLongLong(answered_n[i]);
@@ -988,7 +1110,8 @@ static PyObject *Front_stats(Front *f, PyObject *unused)
         if (bad)
             goto done;
     }
-    result = Py_BuildValue("{sOsOsOsKsKsKsK}", "answered", answered, "passed on", forwarded,
+    result = Py_BuildValue("{sOsOsKsOsKsKsKsK}", "answered", answered, "passed on", forwarded,
+                           "read from disk", (unsigned long long)disk,
                            "misses", misses, "rows", (unsigned long long)rows, "versions",
                            (unsigned long long)kept, "directories", (unsigned long long)dirs,
                            "slots", (unsigned long long)slots);

@@ -1,0 +1,217 @@
+"""The native front (docs/design.md, "The native front"): what it answers, what it passes
+on to Python, and that the bytes and versions are the same either way.
+
+The data are written by zarr-python; reads go through the mount with zarr-python and
+plain `os.read`, and are compared with what zarr-python reads from the source.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+from shardfs.fuse.kernel_served.front import unavailable
+from tests.support.shard_model import Layout, Source, judge
+
+pytestmark = [
+    pytest.mark.fuse,
+    pytest.mark.skipif(unavailable() is not None, reason=f"no native front: {unavailable()}"),
+]
+
+SHAPE, CHUNKS, SHARDS = (32, 32, 64), (4, 4, 8), (8, 8, 32)
+
+
+def stats(mountpoint: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "shardfs", "stats", str(mountpoint), "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    fuse: dict[str, Any] = json.loads(done.stdout)["fuse"]
+    return fuse
+
+
+def shardfs_stats(mountpoint: Path) -> str:
+    """What `shardfs stats` prints for a person."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shardfs", "stats", str(mountpoint)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+def write(source: Path, seed: int) -> np.ndarray:
+    """zarr-python writes the array "a" (uncompressed: chunk files are stored bytes)."""
+    data = np.random.default_rng(seed).integers(0, 1 << 16, SHAPE, dtype="uint16")
+    array = zarr.create_array(
+        source / "a", shape=SHAPE, chunks=CHUNKS, shards=SHARDS, dtype="uint16",
+        compressors=None, overwrite=True,
+    )  # fmt: skip
+    array[...] = data
+    return data
+
+
+def drop_caches() -> None:
+    """The kernel's page cache, dentries and inodes (FORGETs follow)."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    zarr.create_group(src)
+    return src
+
+
+def test_the_front_answers_lookups_reads_and_ioctls_with_the_bytes_python_would(
+    source: Path, mount: Any
+) -> None:
+    data = write(source, 1)
+    on, off = mount(source, "ro"), mount(source, "ro", "front=no")
+    names = [f"a/c/{i}/{j}/{k}" for i in range(8) for j in range(8) for k in range(8)]
+    drop_caches()  # reads from the disk: the front's workers
+    for name in names:  # as a copy reads: in key order, each file opened, read, closed
+        assert (on.path / name).read_bytes() == (off.path / name).read_bytes()
+    front = stats(on.path)["front"]
+    # Python answers the first lookup of a directory, and one of each shard's chunks in
+    # it (which fills the front's rows of the shard's others): 3 of the 8 files here.
+    assert front["answered"]["lookup"] >= len(names) // 2, front
+    assert front["answered"]["read"] >= len(names) // 2, front
+    assert front["answered"]["ioctl"] > 0 and front["read from disk"] > 0, front
+    for mounted in (on, off):
+        assert np.array_equal(zarr.open_array(mounted.path / "a", mode="r")[...], data)
+    assert stats(off.path)["front"] == {"off": "front=no"}
+    assert "the native front is off: front=no" in off.log()
+    assert "native front is off" not in on.log()
+    shown = [shardfs_stats(m.path) for m in (on, off)]
+    assert "native front, answered:" in shown[0] and "passed on to Python:" in shown[0]
+    assert "native front: off (front=no)" in shown[1]
+
+
+def test_a_new_version_goes_to_python_and_gets_new_node_ids(source: Path, mount: Any) -> None:
+    """A shard rewritten by zarr-python: the front's rows of the old version cannot vouch
+    for the lookup ("changed"), Python numbers the new version, and reads are new bytes; a
+    descriptor opened before reads the old version whole (a node id names one version)."""
+    write(source, 2)
+    mounted = mount(source, "ro", "cache_timeout=0.2")
+    chunk = mounted.path / "a" / "c" / "0" / "0" / "1"
+    zarr.open_array(mounted.path / "a", mode="r")[...]  # every row filled
+    old_bytes = chunk.read_bytes()
+    old_ino = os.stat(chunk).st_ino
+    held = os.open(chunk, os.O_RDONLY)
+    try:
+        new = write(source, 3)
+        time.sleep(0.5)  # past cache_timeout: the kernel looks the names up again
+        assert np.array_equal(zarr.open_array(mounted.path / "a", mode="r")[...], new)
+        assert os.stat(chunk).st_ino != old_ino
+        assert chunk.read_bytes() != old_bytes
+        assert os.pread(held, len(old_bytes) + 1, 0) == old_bytes
+    finally:
+        os.close(held)
+    assert stats(mounted.path)["front"]["misses"]["changed"] > 0
+
+
+def test_forgotten_versions_leave_the_front_and_come_back(source: Path, mount: Any) -> None:
+    """The kernel forgets every chunk file (caches dropped): the slots are let go on both
+    sides (the front's count taken over first), and a second read fills them again."""
+    data = write(source, 4)
+    mounted = mount(source, "ro")
+    assert np.array_equal(zarr.open_array(mounted.path / "a", mode="r")[...], data)
+    before = stats(mounted.path)["front"]
+    assert before["slots"] > 0 and before["rows"] > 0, before
+    deadline = time.monotonic() + 20
+    while stats(mounted.path)["front"]["slots"] and time.monotonic() < deadline:
+        drop_caches()  # the kernel's FORGETs reach Python, which retires the slots
+        time.sleep(0.2)
+    after = stats(mounted.path)["front"]
+    assert after["slots"] == 0 and after["rows"] == 0, after
+    assert np.array_equal(zarr.open_array(mounted.path / "a", mode="r")[...], data)
+    assert stats(mounted.path)["front"]["rows"] > 0
+
+
+#: Seconds of the stress run (`test_stress_every_pass_is_one_version`): 0, the default,
+#: skips it; it is a flag, not part of the suite (60 or more, as the issue asks).
+STRESS = float(os.environ.get("SHARDFS_FRONT_STRESS_SECONDS", "0"))
+
+
+@pytest.mark.skipif(not STRESS, reason="SHARDFS_FRONT_STRESS_SECONDS=N runs it for N seconds")
+@pytest.mark.parametrize("front", ["yes", "no"])
+def test_stress_every_pass_is_one_version(tmp_path: Path, mount: Any, front: str) -> None:
+    """8 threads read whole chunk files (one open-to-EOF pass each) while shards are
+    replaced and rewritten by zarr-python, appended to, compacted, and rewritten in place
+    underneath: every pass is one version the file had (or a version that existed inside
+    one change, which a reader running through the change may see), or EIO."""
+    source = Source(tmp_path / "src", tmp_path / "scratch", "t")
+    zarr.create_group(source.root)
+    layout = Layout(shape=4096, shard=1024, chunk=16, dtype="int32", compressed=True)
+    source.create("a", layout, "ramp")
+    source.commit("a")
+    mounted = mount(source.root, "ro", "cache_timeout=0.5", f"front={front}")
+    paths = sorted(source.current)
+    lock = threading.Lock()
+    stop = time.monotonic() + STRESS
+    bad: list[str] = []
+    counts = {"passes": 0, "eio": 0, "changes": 0}
+
+    def change(rng: np.random.Generator) -> None:
+        shard = int(rng.integers(layout.shards))
+        kind = str(rng.choice(["replace", "append", "compact", "in place"]))
+        if kind == "replace":
+            source.replace_shard("a", shard, "random")
+        elif kind == "append":
+            source.append_to_shard("a", shard, "all", "random")
+        elif kind == "compact":
+            source.compact_shard("a", shard)
+        else:
+            source.rewrite_in_place("a", shard, then_replace=bool(rng.integers(2)))
+
+    def writer() -> None:
+        rng = np.random.default_rng(1)
+        while time.monotonic() < stop and not bad:
+            with lock:  # a change and its record, as one step for the judges
+                change(rng)
+                source.commit("a")
+                counts["changes"] += 1
+            time.sleep(float(rng.uniform(0, 0.05)))
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(100 + seed)
+        while time.monotonic() < stop and not bad:
+            path = paths[int(rng.integers(len(paths)))]
+            try:
+                data = (mounted.path / path).read_bytes()
+            except OSError as e:
+                if e.errno != errno.EIO:
+                    bad.append(f"{path}: {e}")
+                with lock:
+                    counts["eio"] += 1
+                continue
+            with lock:
+                counts["passes"] += 1
+                if data in source.ghosts.get(path, []):
+                    continue
+                verdict = judge(source, path, data, whole=True)
+                if verdict is not None:
+                    bad.append(f"{verdict[0]}: {verdict[1]}")
+
+    threads = [threading.Thread(target=writer)]
+    threads += [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(counts, stats(mounted.path).get("front"))
+    assert not bad, "\n".join(bad[:5])
+    assert counts["passes"] > 100 and counts["changes"] > 10, counts
+    assert mounted.process.poll() is None and "Traceback" not in mounted.log(), mounted.log()
