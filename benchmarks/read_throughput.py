@@ -153,15 +153,19 @@ class Runner:
     """Times reads, COLD after dropping the page cache (and, for the mount, with a fresh
     daemon), WARM at once."""
 
-    def __init__(self, mounts: MountManager, checker: Checker, rep: str) -> None:
+    def __init__(
+        self, mounts: MountManager, checker: Checker, rep: str, options: tuple[str, ...] = ()
+    ) -> None:
         self.mounts = mounts
         self.checker = checker
         self.rep = rep
+        #: mount options beyond `ro` (`--options`)
+        self.options = options
 
     def time(self, case: Case, mode: str) -> float:
         if mode == "cold":
             if case.mounted:
-                self.mounts.fresh()
+                self.mounts.fresh(*self.options)
             else:
                 self.mounts.stop()  # no daemon beside a plain read
                 drop_caches()
@@ -359,13 +363,19 @@ def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) ->
             Pair(f"**a{n}/b{n}** zarr, {n} threads", cases[f"b{n}"], cases[f"a{n}"], TARGETS),
             Pair("d (cat, throughput mount / shards)", cases["d-shard"], cases["d-mount"]),
         ]
-        runner = Runner(mounts, Checker(dataset.shape), "")
+        options = tuple(o for o in args.options.split(",") if o)
+        runner = Runner(mounts, Checker(dataset.shape), "", options)
         measure(pairs, [cases["c"]], args.repeat, runner)
     finally:
         mounts.stop()
     result = Result(
         f"read_throughput-{size_mib}mib",
-        {"size_mib": size_mib, "repeat": args.repeat, "readers": args.readers},
+        {
+            "size_mib": size_mib,
+            "repeat": args.repeat,
+            "readers": args.readers,
+            "options": args.options,
+        },
     )
     result.note(summary)
     report(cases, pairs, args.repeat, len(chunks), result)
@@ -384,6 +394,9 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=ROOT / "bench-data", help="data directory")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions (median reported)")
     parser.add_argument("--readers", type=int, default=4, help="threads of the parallel pair")
+    parser.add_argument(
+        "--options", default="", help="mount options beyond ro, e.g. front=no (comma-separated)"
+    )
     parser.add_argument(
         "--results",
         help="where each size's result goes: a file for one size, else a directory "
