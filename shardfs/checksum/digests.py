@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from shardfs.checksum.hashing import md5_reader
 from shardfs.primitives.cache import LruCache
-from shardfs.view.namespace import Namespace, Node, Role
+from shardfs.view.interface import DigestSource
+from shardfs.view.nodes import Node, Role
 
 #: The budget of the digest cache, in bytes (about 64k digests).
 BUDGET = 16 << 20
@@ -23,7 +24,7 @@ DIGEST_COST = 256
 class ChunkDigests:
     """md5 hex digests of the view's chunk files, cached. Thread-safe."""
 
-    def __init__(self, namespace: Namespace, budget: int = BUDGET) -> None:
+    def __init__(self, namespace: DigestSource, budget: int = BUDGET) -> None:
         self.ns = namespace
         self.cache: LruCache[str] = LruCache(budget, lambda _: DIGEST_COST)
 

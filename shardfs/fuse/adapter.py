@@ -54,8 +54,8 @@ from shardfs.primitives.errors import (
 )
 from shardfs.storage.base import Access, Stat
 from shardfs.view import Attr, Node, Role
-from shardfs.view.interface import Opened, OpenFile, ViewInterface, Writes
-from shardfs.view.leaves import DIRECTORIES_KEPT, ChunkDirectory
+from shardfs.view.interface import Opened, OpenFile, PreparedDirectory, ViewInterface, Writes
+from shardfs.view.leaves import DIRECTORIES_KEPT
 from shardfs.view.nodes import ArrayView, ChunkRun, Extent, Listing
 from shardfs.view.shown import KernelVersions, Shown
 
@@ -392,7 +392,7 @@ class Operations(pyfuse3.Operations):
         self.front = front
         #: shards whose rows the front is to be given ahead of their lookups (`fill_ahead`)
         self._ahead, self._ahead_receive = trio.open_memory_channel[
-            tuple[int, ChunkDirectory, str]
+            tuple[int, PreparedDirectory, str]
         ](AHEAD_QUEUED)
         self._asked_ahead: set[tuple[int, str]] = set()
         if front is not None and self.versions is not None:
@@ -413,7 +413,7 @@ class Operations(pyfuse3.Operations):
         )
         #: By inode, the chunk directories looked in (see `lookup`), each with the node id
         #: bases of the shard versions looked up there (see `_base`)
-        self._leaves: dict[int, tuple[ChunkDirectory, dict[Hashable, Any]]] = {}
+        self._leaves: dict[int, tuple[PreparedDirectory, dict[Hashable, Any]]] = {}
         #: By node id, where the chunk files that lookups located are stored (the oldest
         #: dropped first)
         self._extents: dict[int, Extent] = {}
@@ -633,7 +633,7 @@ class Operations(pyfuse3.Operations):
             self.front.fill(parent_inode, leaf, found, held[0], (held[0] >> SHIFT) - 1)
             self._ask_ahead(parent_inode, leaf, found)
 
-    def _ask_ahead(self, parent_inode: int, leaf: ChunkDirectory, found: Any) -> None:
+    def _ask_ahead(self, parent_inode: int, leaf: PreparedDirectory, found: Any) -> None:
         """Have the rows of the next shards of this directory filled in the background
         (`fill_ahead`): a reader going through it in key order then finds them in the
         front, not one lookup per shard here. Asked once per (directory, shard)."""

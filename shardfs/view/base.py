@@ -16,7 +16,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import crc32c
 
@@ -34,9 +34,6 @@ from shardfs.storage.base import Pin, Stat, Storage
 from shardfs.view.hierarchy import join
 from shardfs.view.nodes import Attr, Extent, Node
 from shardfs.view.readahead import ExtentSource, NextShard, ReadAhead
-
-if TYPE_CHECKING:
-    from shardfs.view.leaves import ChunkDirectory
 
 log = logging.getLogger("shardfs")
 
@@ -165,11 +162,6 @@ class SourceView(ABC):
         """`lookup` and `attr` in one step, as a FUSE lookup wants them."""
         node = self.lookup(parent, name)
         return node, self.attr(node)
-
-    def chunk_directory(self, path: str) -> ChunkDirectory | None:
-        """The directory `path` of chunk files, prepared for lookups, if a lookup there
-        prepared it (see `shardfs.view.leaves`); None in views that prepare none."""
-        return None
 
     def cached_chunk(self, extent: Extent) -> bytes | None:
         """The stored bytes `extent` locates if the view holds them in memory (read-ahead

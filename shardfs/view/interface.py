@@ -14,10 +14,57 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from shardfs.storage.base import Storage
-    from shardfs.view.leaves import ChunkDirectory
-    from shardfs.view.namespace import Namespace
-    from shardfs.view.nodes import Attr, Extent, Listing, Node
+    from shardfs.storage.base import Stat, Storage
+    from shardfs.view.base import Reader
+    from shardfs.view.nodes import ArrayView, Attr, Extent, Listing, Node
+    from shardfs.view.shards import Shards
+
+#: What a lookup of a chunk file in a prepared directory finds: its array, its coordinates,
+#: its index in the array's grid (C order: what its inode number is made from), its
+#: attributes, and the versions of the objects they come from (document, shard) in that
+#: order.
+Found = tuple["ArrayView", tuple[int, ...], int, "Attr", dict[str, "Stat | None"]]
+#: Chunk files of one shard version in one directory (`PreparedDirectory.shard_rows`):
+#: names, grid indices, offsets and lengths in the shard.
+Rows = tuple[list[bytes], list[int], list[int], list[int]]
+
+
+class PreparedDirectory(Protocol):
+    """A directory of chunk files prepared for lookups (`shardfs.view.leaves`): the view's
+    fast path, and what a front end that answers lookups itself (the native front) fills
+    its rows from."""
+
+    #: the array whose chunk files it holds
+    array_key: str
+
+    @property
+    def document(self) -> tuple[str, Stat]:
+        """The array's stored document, and the version the directory was made as of."""
+        ...
+
+    def entry(self, name: str) -> Found | None:
+        """The chunk file `name` (MissingChunk if the array has no such chunk), or None
+        where only the long way (`ViewInterface.entry`) can tell."""
+        ...
+
+    def shard_rows(self, found: Found) -> Rows | None:
+        """The chunk files here stored in the shard version `found` is stored in."""
+        ...
+
+    def names_ahead(self, found: Found, count: int) -> list[str]:
+        """The first chunk file of each of the `count` shards after `found`'s, here."""
+        ...
+
+
+class DigestSource(Protocol):
+    """Where the md5 of a chunk file served as stored is taken from (a Zarr namespace):
+    `ViewInterface.digest_source`."""
+
+    shards: Shards
+
+    def refresh(self, node: Node) -> Node: ...
+
+    def open(self, node: Node) -> Reader: ...
 
 
 class OpenFile(Protocol):
@@ -75,7 +122,10 @@ class ViewInterface(Protocol):
 
     def attr(self, node: Node) -> Attr: ...
 
-    def chunk_directory(self, path: str) -> ChunkDirectory | None: ...
+    def chunk_directory(self, path: str) -> PreparedDirectory | None:
+        """The directory `path` of chunk files, prepared for lookups, if a lookup there
+        prepared it; None in views that prepare none."""
+        ...
 
     def cached_chunk(self, extent: Extent) -> bytes | None: ...
 
@@ -83,7 +133,7 @@ class ViewInterface(Protocol):
 
     def open(self, node: Node) -> Opened: ...
 
-    def digest_source(self, node: Node) -> Namespace | None:
+    def digest_source(self, node: Node) -> DigestSource | None:
         """The Zarr namespace whose stored bytes `node` serves as they are stored, so that
         their md5 can be taken and kept by where they are stored; None where the node is
         not such a chunk file (another file, a precomputed chunk, a chunk written through

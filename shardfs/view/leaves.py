@@ -27,6 +27,7 @@ import numpy as np
 
 from shardfs.primitives.errors import MissingChunk
 from shardfs.storage.base import Stat
+from shardfs.view.interface import Found, Rows
 from shardfs.view.nodes import ArrayView, Attr, Extent
 from shardfs.view.shards import EMPTY_NBYTES, Shards
 
@@ -34,14 +35,6 @@ from shardfs.view.shards import EMPTY_NBYTES, Shards
 DIRECTORIES_KEPT = 4096
 #: Shard keys a directory keeps (see `ChunkDirectory._key`); all dropped when full.
 KEYS_KEPT = 1024
-
-#: What a lookup of a chunk file finds: its array, its coordinates, its index in the
-#: array's grid (C order: what its inode number is made from), its attributes, and the
-#: versions of the objects they come from (document, shard) in that order.
-Found = tuple[ArrayView, tuple[int, ...], int, Attr, dict[str, Stat | None]]
-#: Chunk files of one shard version in one directory (`ChunkDirectory.shard_rows`): names,
-#: grid indices, offsets and lengths in the shard.
-Rows = tuple[list[bytes], list[int], list[int], list[int]]
 
 
 class ChunkDirectory:

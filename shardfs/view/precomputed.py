@@ -214,6 +214,9 @@ class PrecomputedNamespace(SourceView):
     def digest_source(self, node: Node) -> None:
         return None  # `user.md5` is a Zarr view's
 
+    def chunk_directory(self, path: str) -> None:
+        return None  # chunk files are found the long way only
+
     def caches(self) -> dict[str, LruCache | ReadAhead]:
         return {
             "shard indexes": self.indexes,

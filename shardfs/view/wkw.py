@@ -509,6 +509,9 @@ class WkwNamespace(SourceView):
     def digest_source(self, node: Node) -> None:
         return None  # `user.md5` is a Zarr view's
 
+    def chunk_directory(self, path: str) -> None:
+        return None  # chunk files are found the long way only
+
     # -- the dataset -------------------------------------------------------------------
 
     def dataset(self) -> Dataset | None:

@@ -41,6 +41,9 @@ class MergedView(SourceView):
             return None
         return self.ns
 
+    def chunk_directory(self, path: str) -> None:
+        return None  # chunk files may be renamed or written here: each found the long way
+
     def lookup(self, parent: Node, name: str) -> Node:
         with self.ns.presentation.snapshot():
             return self._lookup(parent, name)

@@ -27,7 +27,7 @@ import pyfuse3
 
 from shardfs.fuse.owners import Owners
 from shardfs.storage.base import Stat, Storage
-from shardfs.view.leaves import ChunkDirectory, Found
+from shardfs.view.interface import Found, PreparedDirectory
 from shardfs.view.shown import KernelVersions
 
 _front: ModuleType | None
@@ -94,14 +94,16 @@ class NativeFront:
 
     # -- what Python tells it --------------------------------------------------------
 
-    def directory(self, inode: int, leaf: ChunkDirectory) -> None:
+    def directory(self, inode: int, leaf: PreparedDirectory) -> None:
         """`inode` is the prepared directory `leaf`: its rows made before are dropped."""
         key, doc = leaf.document
         path = self._storage.stat_path(key)
         if path is not None and self._c is not None and _is_stat_version(doc.version):
             self._c.directory(inode, path.encode(), doc.version)
 
-    def fill(self, parent: int, leaf: ChunkDirectory, found: Found, base: int, slot: int) -> None:
+    def fill(
+        self, parent: int, leaf: PreparedDirectory, found: Found, base: int, slot: int
+    ) -> None:
         """Give the front the rows of the shard version `found` (just found by a lookup in
         directory `parent`, and numbered from `base` in `slot`) in that directory."""
         c = self._c
