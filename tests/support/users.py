@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tempfile
@@ -147,9 +148,13 @@ class UserShardfs:
 
 
 def _pyfuse3_version() -> str:
-    """The version `scripts/setup` gives the patched pyfuse3 it builds."""
-    patch = REPO / "patches" / "pyfuse3-3.5.0-inode-as-fh.patch"
-    return "3.5.0+shardfs.g" + hashlib.sha256(patch.read_bytes()).hexdigest()[:12]
+    """The version `scripts/setup` gives the patched pyfuse3 it builds: from the patches it
+    applies, in its order."""
+    listed = re.search(r"pyfuse3_patches=\(([^)]*)\)", (REPO / "scripts" / "setup").read_text())
+    assert listed is not None, "scripts/setup names no pyfuse3_patches"
+    names = re.findall(r"patches/(pyfuse3-[\w.-]+\.patch)", listed.group(1))
+    patches = b"".join((REPO / "patches" / name).read_bytes() for name in names)
+    return "3.5.0+shardfs.g" + hashlib.sha256(patches).hexdigest()[:12]
 
 
 def _venv_is_current(python: Path) -> bool:
