@@ -239,6 +239,15 @@ static uint64_t slot_key(void *p) { return ((struct slot *)p)->slot; }
 static uint64_t node_key(void *p) { return ((struct row *)p)->nodeid; }
 static uint64_t name_key(void *p) { return ((struct row *)p)->name_hash; }
 
+/* The item of table `t` whose key (as `key` tells) is `k`, or NULL. */
+static void *table_find(table_t *t, uint64_t k, key_fn key)
+{
+    for (void *item = table_first(t, k); item; item = *link_of(t, item))
+        if (key(item) == k)
+            return item;
+    return NULL;
+}
+
 static uint64_t name_hash(uint64_t parent, const char *name, size_t len)
 {
     uint64_t h = 0xcbf29ce484222325ULL ^ parent;
@@ -357,10 +366,7 @@ static void fill_attr(struct fuse_attr *a, const struct row *r)
 
 static struct row *row_by_node(Front *f, uint64_t nodeid)
 {
-    for (struct row *r = table_first(&f->nodes, nodeid); r; r = r->next_node)
-        if (r->nodeid == nodeid)
-            return r;
-    return NULL;
+    return table_find(&f->nodes, nodeid, node_key);
 }
 
 static struct row *row_by_name(Front *f, uint64_t parent, const char *name, size_t len)
@@ -375,26 +381,17 @@ static struct row *row_by_name(Front *f, uint64_t parent, const char *name, size
 
 static struct dir *dir_by_node(Front *f, uint64_t nodeid)
 {
-    for (struct dir *d = table_first(&f->dirs, nodeid); d; d = d->next)
-        if (d->nodeid == nodeid)
-            return d;
-    return NULL;
+    return table_find(&f->dirs, nodeid, dir_key);
 }
 
 static struct kept *kept_by_id(Front *f, uint64_t id)
 {
-    for (struct kept *k = table_first(&f->kept, id); k; k = k->next)
-        if (k->id == id)
-            return k;
-    return NULL;
+    return table_find(&f->kept, id, kept_key);
 }
 
 static struct slot *slot_by_number(Front *f, uint64_t n)
 {
-    for (struct slot *s = table_first(&f->slots, n); s; s = s->next)
-        if (s->slot == n)
-            return s;
-    return NULL;
+    return table_find(&f->slots, n, slot_key);
 }
 
 /* Take a row out of the name table (a newer version's row, or its directory, replaces it). */
