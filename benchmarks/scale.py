@@ -762,6 +762,9 @@ def main() -> int:
     parser.add_argument("--data", type=Path, help="keep the data here (default: a temp dir)")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (median reported)")
     parser.add_argument(
+        "--options", default="", help="mount options beyond ro, e.g. front=no (comma-separated)"
+    )
+    parser.add_argument(
         "--step-timeout", type=float, default=600, help="seconds one command may take"
     )
     parser.add_argument(
@@ -776,7 +779,7 @@ def main() -> int:
     interrupts = Interrupts()  # so `finally` unmounts on SIGTERM too
     data = args.data.resolve() if args.data else Path(tempfile.mkdtemp(prefix="shardfs-scale-"))
     dataset = Dataset(data, args.rows, LAYOUTS[args.layout])
-    daemon = Daemon(dataset, interrupts)
+    daemon = Daemon(dataset, interrupts, tuple(o for o in args.options.split(",") if o))
     floor = FloorDaemon(dataset, interrupts)
     run = Run(dataset, daemon, floor, args.step_timeout)
     digest = code_digest()

@@ -188,9 +188,13 @@ class DetachedMount:
     its PID comes from its lock file, so it is the only process this ever kills (and
     only if it does not exit after the unmount)."""
 
-    def __init__(self, dataset: DataDir, interrupts: Interrupts) -> None:
+    def __init__(
+        self, dataset: DataDir, interrupts: Interrupts, options: tuple[str, ...] = ()
+    ) -> None:
         self.dataset = dataset
         self.interrupts = interrupts
+        #: mount options beyond `ro` and the log
+        self.options = options
         self.pid: int | None = None
 
     def start(self) -> float:
@@ -199,7 +203,7 @@ class DetachedMount:
         mountpoint = self.dataset.mountpoint
         mountpoint.mkdir(exist_ok=True)
         command = [*SHARDFS, "mount", str(self.dataset.source), str(mountpoint)]
-        command += ["-o", f"ro,log={self.dataset.log}"]
+        command += ["-o", ",".join(["ro", f"log={self.dataset.log}", *self.options])]
         with self.interrupts.deferred():  # a daemon must never start without being recorded
             started = time.perf_counter()
             # Its own session: a Ctrl-C reaches this script only, which then unmounts.

@@ -108,8 +108,8 @@ def serve(
             operations.front.attach()
         except OSError as e:  # (nothing is passed through it yet: pyfuse3 reads the device)
             operations.without_front(f"it could not start: {e}")
-    if operations.front_off is not None:
-        log.info("the native front is off: %s", operations.front_off)
+    if operations.front_off is not None and config.front:  # asked for, and cannot run
+        log.warning("the native front is off: %s", operations.front_off)
     signalled = False
 
     async def main() -> None:
