@@ -88,9 +88,10 @@ class NativeFront:
         self._c = c
 
     def stop(self) -> None:
-        """Wait for the front's thread to end; after the unmount (it ends at ENODEV)."""
-        if self._c is not None:
-            self._c.stop()
+        """Wait for the front's thread to end; after the unmount (it ends at ENODEV). If the
+        unmount failed, it is left to end with the process, and the log says so."""
+        if self._c is not None and not self._c.stop():
+            log.warning("the native front did not stop within 5 s of the unmount")
 
     # -- what Python tells it --------------------------------------------------------
 
