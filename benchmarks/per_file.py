@@ -20,6 +20,10 @@ measures that floor with handlers that do nothing. This script compares, in one 
                 requests (what `ro` was before 9d361f1); skipped, with a
                 message, where shardfs has no such option
   shardfs-rw    `shardfs mount SOURCE MNT -f` (read-write) of the same source
+  cfloor        the C floor, `--cfloor BINARY` (../shared/tools/cfloor.c, built outside
+                the project as its header says) `-m`, serving a plain tree of the floor's
+                shape from memory; skipped, with a message, without --cfloor
+  cfloor-p      the same with `-p`: file data read with pread(2) from files it keeps open
 
 The source is a uint8 array written by zarr-python 3: inner chunks 4 x 4 x 4
 with the `bytes` codec alone (so every chunk file is 64 bytes), shards of
@@ -42,6 +46,7 @@ Needs root (drop_caches, FUSE).
 
     .venv/bin/python -m benchmarks.per_file [--files 20000] [--repeat 3] [--data DIR]
         [--kinds floor,floor-noopen,shardfs-ro,shardfs-ro-open,shardfs-rw] [--results PATH]
+        [--cfloor BINARY]
 
 Without --data, the data lives in a temporary directory that is removed at the
 end; with it, the data is kept and reused by the next run with the same options.
@@ -54,6 +59,7 @@ import collections
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -83,7 +89,11 @@ KINDS = (
     "shardfs-ro-front",
     "shardfs-ro-open",
     "shardfs-rw",
+    "cfloor",
+    "cfloor-p",
 )
+#: The C floor's mode of each of its kinds.
+CFLOOR_MODES = {"cfloor": "-m", "cfloor-p": "-p"}
 #: The mount options of each shardfs kind (`debug` is added for the counting run).
 SHARDFS_OPTIONS = {
     "shardfs-ro": ["ro"],
@@ -111,7 +121,15 @@ class Daemon:
     counts_file: Path | None = None
 
     def counts(self) -> collections.Counter[str]:
-        """The requests it has answered so far, per handler (a counting daemon only)."""
+        """The requests it has answered so far, per handler (a counting daemon only; the C
+        floor writes its counts when it is unmounted, so only then)."""
+        if self.kind.startswith("cfloor"):
+            assert self.counts_file is not None
+            if not self.counts_file.exists():
+                return collections.Counter()
+            return collections.Counter(
+                {k: v for k, v in json.loads(self.counts_file.read_text()).items() if v}
+            )
         if self.kind.startswith("floor"):
             assert self.counts_file is not None
             self.counts_file.unlink(missing_ok=True)
@@ -134,9 +152,10 @@ class Daemon:
 class Daemons:
     """At most one daemon at a time (a `Child`), of the kind asked for."""
 
-    def __init__(self, dataset: Dataset, interrupts: Interrupts) -> None:
+    def __init__(self, dataset: Dataset, interrupts: Interrupts, cfloor: Path | None) -> None:
         self.dataset = dataset
         self.interrupts = interrupts
+        self.cfloor = cfloor
         self.child: Child | None = None
         self.current: Daemon | None = None
 
@@ -145,7 +164,16 @@ class Daemons:
         path = self.dataset.data / f"mnt-{kind}"
         log = self.dataset.data / f"{kind}.log"
         counts_file = None
-        if kind.startswith("floor"):
+        if kind.startswith("cfloor"):
+            assert self.cfloor is not None
+            fstype = "fuse.cfloor"
+            command = [str(self.cfloor), CFLOOR_MODES[kind]]
+            if counting:
+                counts_file = self.dataset.data / f"{kind}.counts.json"
+                counts_file.unlink(missing_ok=True)
+                command += ["-c", str(counts_file)]
+            command += [str(self.dataset.plain_tree()), str(path)]
+        elif kind.startswith("floor"):
             fstype = "fuse.floor"
             command = [sys.executable, "-m", "benchmarks.floor", "serve", str(path)]
             command += [str(self.dataset.files), "--size", str(FILE_BYTES)]
@@ -172,6 +200,17 @@ class Daemons:
         if self.child is not None:
             self.child.stop()
         self.child = self.current = None
+
+
+def descriptors_for(count: int) -> bool:
+    """Whether our children may open `count` descriptors (the limit is inherited), raised
+    as far as needed if it can be."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, count), max(hard, count)))
+    except (ValueError, OSError):
+        return False
+    return True
 
 
 def kernel_cache_option() -> bool:
@@ -232,6 +271,9 @@ def measure(daemons: Daemons, kind: str, result: Result_, tag: str) -> None:
 
 def count(daemons: Daemons, kind: str, result: Result_) -> None:
     """Both passes on a fresh counting daemon: the requests of each."""
+    if kind.startswith("cfloor"):
+        count_at_exit(daemons, kind, result)
+        return
     daemons.stop()
     drop_caches()
     daemon = daemons.start(kind, counting=True)
@@ -244,6 +286,24 @@ def count(daemons: Daemons, kind: str, result: Result_) -> None:
         result.requests[name] = now - last
         last = now
     daemons.stop()
+
+
+def count_at_exit(daemons: Daemons, kind: str, result: Result_) -> None:
+    """`count` for a daemon that counts only once unmounted: the first pass on one mount,
+    both on another, the second pass's counts being the difference."""
+    totals = []
+    for passes in (1, 2):
+        daemons.stop()
+        drop_caches()
+        daemon = daemons.start(kind, counting=True)
+        paths = daemons.dataset.paths(daemon.path, kind)
+        for _ in range(passes):
+            read_all(paths)
+        time.sleep(0.5)  # the kernel sends releases after close returns
+        daemons.stop()
+        totals.append(daemon.counts())
+    result.requests["first"] = totals[0]
+    result.requests["second"] = totals[1] - totals[0]
 
 
 # -- report ---------------------------------------------------------------------------
@@ -308,6 +368,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (median reported)")
     parser.add_argument("--data", type=Path, help="keep the data here (default: a temp dir)")
     parser.add_argument("--kinds", default=",".join(KINDS), help="which mounts, in this order")
+    parser.add_argument(
+        "--cfloor",
+        type=Path,
+        help="the C floor's binary (../shared/tools/cfloor.c, built as its header says)",
+    )
     results.add_option(parser, "per_file")
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
@@ -332,12 +397,21 @@ def main() -> int:
             "shardfs-ro-open skipped: this shardfs has no `-o kernel_cache=no` (before "
             "9d361f1 its `ro` mounts always answer open and opendir: shardfs-ro is that)"
         )
+    if args.cfloor is None or not os.access(args.cfloor, os.X_OK):
+        for kind in [k for k in kinds if k.startswith("cfloor")]:
+            kinds.remove(kind)
+            skipped.append(f"{kind} skipped: no --cfloor BINARY (an executable) was given")
+    if "cfloor-p" in kinds and not descriptors_for(args.files + 1024):
+        kinds.remove("cfloor-p")
+        skipped.append(
+            f"cfloor-p skipped: it keeps {args.files} files open, above this host's limit"
+        )
     for line in skipped:
         print(line, flush=True)
     interrupts = Interrupts()  # so `finally` unmounts on SIGTERM too
     data = args.data.resolve() if args.data else Path(tempfile.mkdtemp(prefix="shardfs-files-"))
     dataset = Dataset(data, args.files)
-    daemons = Daemons(dataset, interrupts)
+    daemons = Daemons(dataset, interrupts, args.cfloor)
     found = {kind: Result_() for kind in kinds}
     started = time.perf_counter()
     try:

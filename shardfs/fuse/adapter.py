@@ -823,6 +823,9 @@ class Operations(pyfuse3.Operations):
                 or not self.inodes.holds(window.slots)
             ):
                 window = self._windows[fh] = _Window.of(run, row, self.inodes)
+                if self.front is not None and window.inos is not None:  # the reads: the front's
+                    slots = self.inodes.run_slots(run)
+                    self.front.fill_listed(fh, run, window.names, window.start, window.stop, slots)
             i = row - window.start
             stop = min(window.stop - window.start, i + 1024)
             if window.inos is None:  # counted: entries, referenced once sent

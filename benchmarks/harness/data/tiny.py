@@ -6,6 +6,7 @@ layout. Read by `per_file` and `handler_cost`."""
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,9 +79,23 @@ class Dataset(DataDir):
             raise RuntimeError(f"{self.source}: zarr-python reads other values than written")
         self.made()
 
+    def plain_tree(self) -> Path:
+        """The plain copy, of the floors' shape (`paths` of a floor), made once (whole, or
+        not at all): the C floor serves it."""
+        if not self.plain.is_dir():
+            making = self.plain.with_name(self.plain.name + ".making")
+            shutil.rmtree(making, ignore_errors=True)
+            payload = values((FILE_BYTES,)).tobytes()
+            for i in range(self.files):
+                path = making / str(i // PER_DIR) / str(i % PER_DIR)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(payload)
+            making.rename(self.plain)
+        return self.plain
+
     def paths(self, top: Path, kind: str) -> list[bytes]:
         """Every file of a mount of `kind` at `top`, in key order (a directory's files together)."""
-        if kind.startswith("floor"):
+        if kind.startswith(("floor", "cfloor")):
             names = (f"{i // PER_DIR}/{i % PER_DIR}" for i in range(self.files))
         else:
             _, rows, columns = self.grid

@@ -403,6 +403,23 @@ static void unname(Front *f, struct row *r)
     r->in_names = 0;
 }
 
+static void undir(Front *f, struct row *r);
+
+/* Answer lookups of `r`'s name in `d` (its directory) with `r`, in place of the row
+   that name had. */
+static void name_row(Front *f, struct dir *d, struct row *r)
+{
+    struct row *old = row_by_name(f, d->nodeid, r->name, r->namelen);
+    if (old) {
+        unname(f, old);
+        undir(f, old);
+    }
+    r->next_in_dir = d->current;
+    d->current = r;
+    table_put(&f->names, r, name_key);
+    r->in_names = 1;
+}
+
 /* Unlink `r` from its directory's list of named rows. */
 static void undir(Front *f, struct row *r)
 {
@@ -950,34 +967,30 @@ static PyObject *Front_fill(Front *f, PyObject *args)
         r->name_hash = name_hash(parent, r->name, len);
     }
     pthread_mutex_lock(&f->lock);
-    struct dir *d = dir_by_node(f, parent);
+    struct dir *d = dir_by_node(f, parent); /* none: rows a listing sent, for reads only */
     struct kept *k = kept_by_id(f, kid);
     struct slot *s = slot_by_number(f, slot);
     Py_ssize_t added = 0;
-    if (d && k && !k->dropped && f->rows + n <= ROWS_MAX) {
+    if (k && !k->dropped && f->rows + n <= ROWS_MAX) {
         if (!s && (s = calloc(1, sizeof(*s)))) {
             s->slot = slot;
             table_put(&f->slots, s, slot_key);
         }
         for (Py_ssize_t i = 0; s && i < n; i++) {
-            struct row *r = rows[i];
-            if (row_by_node(f, r->nodeid))
-                continue; /* filled before: the same version's row */
-            struct row *old = row_by_name(f, parent, r->name, r->namelen);
-            if (old) {
-                unname(f, old);
-                undir(f, old);
+            struct row *r = rows[i], *have = row_by_node(f, r->nodeid);
+            if (have) { /* filled before: the same version's row, named here now if it was not */
+                if (d && !have->in_names && have->parent == parent)
+                    name_row(f, d, have);
+                continue;
             }
             r->kept = k;
             r->slot = s;
             k->rows++;
             r->next_in_slot = s->rows;
             s->rows = r;
-            r->next_in_dir = d->current;
-            d->current = r;
             table_put(&f->nodes, r, node_key);
-            table_put(&f->names, r, name_key);
-            r->in_names = 1;
+            if (d)
+                name_row(f, d, r);
             rows[i] = NULL;
             added++;
         }

@@ -25,9 +25,11 @@ from typing import Any
 
 import pyfuse3
 
+from shardfs.fuse.inodes import SHIFT, Slot
 from shardfs.fuse.owners import Owners
 from shardfs.storage.base import Stat, Storage
 from shardfs.view.interface import Found, PreparedDirectory
+from shardfs.view.nodes import ChunkRun
 from shardfs.view.shown import KernelVersions
 
 _front: ModuleType | None
@@ -128,6 +130,40 @@ class NativeFront:
             self._filled_count = 0
         self._filled.setdefault(slot, set()).add(parent)
         self._filled_count += 1
+
+    def fill_listed(
+        self, parent: int, run: ChunkRun, names: list[bytes], start: int, stop: int,
+        slots: list[tuple[int, Slot]],
+    ) -> None:  # fmt: skip
+        """Give the front rows [start, stop) of `run` (named `names`), a listing of
+        directory `parent` being sent to the kernel with the node ids `slots` make
+        (`InodeTable.run_slots`): the reads of those files are answered there, and their
+        lookups too once `parent` is a prepared directory."""
+        c = self._c
+        if c is None:
+            return
+        for k, names_, flat, offsets, lengths in run.stored_rows(names, start, stop):
+            key, stat = run.shards[k]
+            ident = self._kept(key, stat)
+            if ident is None:
+                continue
+            slot = slots[k][0]
+            base = (slot + 1) << SHIFT
+            mode, uid, gid = self._owners.of(False, stat.access)
+            nodeids = [base + i for i in flat]
+            c.fill(
+                parent,
+                ident,
+                slot,
+                names_,
+                nodeids,
+                offsets,
+                lengths,
+                stat.mtime_ns,
+                mode,
+                uid,
+                gid,
+            )
 
     def _kept(self, key: str, stat: Stat) -> int | None:
         """The front's number of kept version `stat` of `key`, given to it first if new."""
