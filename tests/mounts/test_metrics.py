@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shardfs.fuse.kernel_served.front import unavailable
 from shardfs.fuse.mounts import mount_type, unmount
 from shardfs.options import parse_options
 from tests.conftest import one_shard_array
@@ -88,6 +89,30 @@ def test_a_scrape_counts_what_the_mount_did_as_shardfs_stats_does(tmp_path: Path
     assert value(again, "shardfs_descriptors_open") == descriptors["open"] >= 1
     assert value(again, "shardfs_process_resident_memory_bytes") > 10 << 20
     assert not any("/" in label for _, labels in again for _, label in labels), "no paths"
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(unavailable() is not None, reason=f"no native front: {unavailable()}")
+def test_the_native_fronts_answers_are_counted_not_timed(tmp_path: Path, mount) -> None:
+    source = tmp_path / "src"
+    one_shard_array(source, "a", (64, 64), (16, 16), 3)
+    port = free_port()
+    mounted = mount(source, "ro", "front=yes", f"metrics={port}")
+    for i in range(4):
+        for j in range(4):
+            assert (mounted.path / "a" / "c" / str(i) / str(j)).read_bytes() == b"\x03" * 256
+    figures = scrape(port)
+    front = stats(mounted)["fuse"]["front"]
+    native = "shardfs_fuse_requests_total"
+    for op in ("lookup", "read"):
+        assert value(figures, native, op=op, served_by="native") == front["answered"][op]
+    assert value(figures, native, op="lookup", served_by="native") >= 1, front
+    served = requests(figures, "read") + value(figures, native, op="read", served_by="native")
+    assert served == 16
+    timed = value(figures, "shardfs_fuse_request_duration_seconds_count", op="read")
+    assert timed == requests(figures, "read"), "only what Python answers is timed"
+    rows = value(figures, "shardfs_native_table_entries", table="rows")
+    assert rows == front["rows"] >= 1
 
 
 @pytest.mark.fuse
