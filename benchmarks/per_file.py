@@ -20,6 +20,8 @@ measures that floor with handlers that do nothing. This script compares, in one 
                 requests (what `ro` was before 9d361f1); skipped, with a
                 message, where shardfs has no such option
   shardfs-rw    `shardfs mount SOURCE MNT -f` (read-write) of the same source
+  shardfs-ro-metrics  `-o ro,metrics=127.0.0.1:PORT`: shardfs-ro serving metrics, so
+                timing every request it answers (not scraped meanwhile)
   cfloor        the C floor, `--cfloor BINARY` (../shared/tools/cfloor.c, built outside
                 the project as its header says) `-m`, serving a plain tree of the floor's
                 shape from memory; skipped, with a message, without --cfloor
@@ -62,6 +64,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -89,6 +92,7 @@ KINDS = (
     "shardfs-ro-front",
     "shardfs-ro-open",
     "shardfs-rw",
+    "shardfs-ro-metrics",
     "cfloor",
     "cfloor-p",
 )
@@ -100,6 +104,7 @@ SHARDFS_OPTIONS = {
     "shardfs-ro-front": ["ro", "front=yes"],  # kernel-served, with the native front
     "shardfs-ro-open": ["ro", "kernel_cache=no"],
     "shardfs-rw": [],
+    "shardfs-ro-metrics": ["ro", "metrics=127.0.0.1:{port}"],  # requests timed
 }
 PASSES = ("first", "second")
 #: A request in shardfs's debug log: `... DEBUG lookup(1, b'data', ...)`.
@@ -188,6 +193,7 @@ class Daemons:
             command = [sys.executable, "-m", "shardfs", "mount", str(self.dataset.source)]
             command += [str(path), "-f"]
             options = SHARDFS_OPTIONS[kind] + (["debug"] if counting else [])
+            options = [option.format(port=free_port()) for option in options]
             if options:
                 command += ["-o", ",".join(options)]
         self.child = Child(self.interrupts, path, log, fstype)
@@ -211,6 +217,13 @@ def descriptors_for(count: int) -> bool:
     except (ValueError, OSError):
         return False
     return True
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 free right now, for the metrics of `shardfs-ro-metrics`."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def kernel_cache_option() -> bool:
@@ -367,7 +380,8 @@ def main() -> int:
     )
     parser.add_argument("--repeat", type=int, default=3, help="repetitions (median reported)")
     parser.add_argument("--data", type=Path, help="keep the data here (default: a temp dir)")
-    parser.add_argument("--kinds", default=",".join(KINDS), help="which mounts, in this order")
+    default = ",".join(kind for kind in KINDS if kind != "shardfs-ro-metrics")  # asked for
+    parser.add_argument("--kinds", default=default, help="which mounts, in this order")
     parser.add_argument(
         "--cfloor",
         type=Path,

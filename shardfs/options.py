@@ -206,6 +206,14 @@ TABLE: tuple[tuple[str, str], ...] = (
         "log a one-line summary of `shardfs stats` every SECONDS (default: never)",
     ),
     (
+        "`metrics=HOST:PORT`",
+        (
+            "serve Prometheus metrics at `http://HOST:PORT/metrics` (default: none; `PORT` or "
+            "`:PORT` alone listens on 127.0.0.1, `[::1]:PORT` on an IPv6 address); anyone who "
+            "can reach the port can read them (see [Metrics](configuration.md#metrics))"
+        ),
+    ),
+    (
         "`debug`",
         "log every request (one DEBUG line per FUSE request)",
     ),
@@ -334,6 +342,8 @@ class MountOptions:
     cache_size: int = 10 << 30
     #: seconds between the daemon's one-line summaries of `shardfs stats` in its log (0: none)
     stats_interval: float = 0.0
+    #: where the daemon serves Prometheus metrics, (host, port); None: nowhere
+    metrics: tuple[str, int] | None = None
     #: inodes of directories and other files (not chunks) the daemon keeps for the kernel
     inodes: int = 100_000
     #: read-only mounts: let the kernel serve re-reads and listings itself (needs the
@@ -424,6 +434,30 @@ def _mode(name: str, value: str) -> int:
     return int(value, 8)
 
 
+#: The host `metrics=PORT` and `metrics=:PORT` listen on: this machine's only.
+METRICS_HOST = "127.0.0.1"
+
+
+def parse_address(value: str, name: str = "metrics") -> tuple[str, int]:
+    """(host, port) of `HOST:PORT`, `[IPV6]:PORT`, `:PORT` or `PORT`; with no host,
+    127.0.0.1, so that a listening socket opens only where asked. A host name is resolved
+    when the daemon binds."""
+    host, _, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        good_host = re.fullmatch(r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*", host) is not None
+    else:
+        good_host = re.fullmatch(r"[A-Za-z0-9.-]*", host) is not None
+    if not good_host or re.fullmatch(r"[0-9]{1,5}", port) is None:
+        raise UsageError(
+            f"option {name} needs HOST:PORT, :PORT or PORT (an IPv6 host in brackets: "
+            f"[::1]:PORT), got {value!r}"
+        )
+    if not 0 < int(port) < 65536:
+        raise UsageError(f"option {name}: port {int(port)} is not from 1 to 65535")
+    return host or METRICS_HOST, int(port)
+
+
 def _flag_pair(flag: str) -> str:
     """The flag a kernel flag switches: `nosuid` and `suid` both switch `suid`."""
     if flag == "async":
@@ -492,6 +526,8 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
                 options.cache_size = parse_size(value, f"option {name}")
             elif name == "stats_interval":
                 options.stats_interval = _positive(name, value, float)
+            elif name == "metrics":
+                options.metrics = parse_address(value, name)
             elif name == "inodes":
                 options.inodes = int(_positive(name, value, int))
             elif name == "cache_timeout":

@@ -503,6 +503,7 @@ def _run_daemon(
             flush_interval=options.flush_interval,
             leftovers=open_leftovers(view, options, args.source),
             stats_interval=options.stats_interval,
+            metrics=options.metrics,
         )
     except (ShardfsError, RuntimeError) as e:  # foreseen: its message says it all
         return fail(e)

@@ -83,6 +83,11 @@ def lines(stats: dict[str, Any]) -> list[str]:
         f"  {'retries':<24} {source['retries']:>12}",
     ]
     out += [f"  error {error:<18} {n:>12}" for error, n in source["errors"].items()]
+    descriptors = source.get("descriptors")  # a local source's pins
+    if descriptors is not None:
+        out.append(
+            f"  {'descriptors open':<24} {descriptors['open']:>12} of {descriptors['limit']}"
+        )
     out += [
         "",
         f"  {'cache':<24} {'hits':>12} {'misses':>12} {'hit rate':>9} {'used of budget':>22}",
@@ -96,6 +101,10 @@ def lines(stats: dict[str, Any]) -> list[str]:
     out += ["", "FUSE requests answered in Python:"]
     out += [f"  {kind:<24} {n:>12}" for kind, n in fuse["requests"].items()]
     out += [f"  error {error:<18} {n:>12}" for error, n in fuse["errors"].items()]
+    kept = fuse.get("kept")  # kernel-served mounts
+    if kept is not None:
+        out += ["", "kept for the kernel:", f"  {'shows':<24} {kept['shows']:>12}"]
+        out.append(f"  {'versions':<24} {kept['versions']:>12} of {kept['versions_limit']}")
     out += _front_lines(fuse.get("front"))
     commits = stats.get("commits")
     if commits is not None:

@@ -21,7 +21,8 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import numpy as np
 import pyfuse3
@@ -58,6 +59,9 @@ from shardfs.view.interface import Opened, OpenFile, PreparedDirectory, ViewInte
 from shardfs.view.leaves import DIRECTORIES_KEPT
 from shardfs.view.nodes import ArrayView, ChunkRun, Extent, Listing
 from shardfs.view.shown import KernelVersions, Shown
+
+if TYPE_CHECKING:
+    from shardfs.fuse.metrics import Latency
 
 log = logging.getLogger("shardfs")
 #: How `os.fsdecode` decodes a name
@@ -222,10 +226,14 @@ def _errors(handler: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, Corouti
         ops.requests[name] += 1  # type: ignore[attr-defined]
         if ops.debug:  # type: ignore[attr-defined]
             log.debug("%s%r", name, args[1:])
+        start = perf_counter_ns()
         try:
             return await handler(*args, **kwargs)
         except Exception as e:
             raise _fuse_error(ops, name, args[1:], e) from None
+        finally:
+            if ops.latency is not None:  # type: ignore[attr-defined]
+                ops.latency.observe(name, start)  # type: ignore[attr-defined]
 
     return wrapper
 
@@ -422,6 +430,8 @@ class Operations(pyfuse3.Operations):
         #: FUSE requests by handler, and error replies by errno, for `shardfs stats`
         self.requests: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
+        #: how long the requests take, while metrics are served (`shardfs.fuse.metrics`)
+        self.latency: Latency | None = None
         #: whether each request is logged (as configured when the mount starts)
         self.debug = log.isEnabledFor(logging.DEBUG)
         self.started = time.time()
@@ -444,6 +454,8 @@ class Operations(pyfuse3.Operations):
             fuse["front"] = self.front.stats()
         elif self.front_off is not None:
             fuse["front"] = {"off": self.front_off}
+        if self.versions is not None:
+            fuse["kept"] = self.versions.snapshot()
         return {"uptime": time.time() - self.started, "fuse": fuse, **self.view.stats()}
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -557,6 +569,7 @@ class Operations(pyfuse3.Operations):
         self.requests["lookup"] += 1  # `_errors`, inline
         if self.debug:
             log.debug("lookup%r", (parent_inode, name, ctx))
+        start = perf_counter_ns()
         try:
             text = name.decode(*_FS_ENCODING)  # as os.fsdecode, with no Python frame
             prepared = self._leaves.get(parent_inode)
@@ -613,6 +626,9 @@ class Operations(pyfuse3.Operations):
             return self._reply(node, attr)
         except Exception as e:
             raise _fuse_error(self, "lookup", (parent_inode, name, ctx), e) from None
+        finally:
+            if self.latency is not None:
+                self.latency.observe("lookup", start)
 
     def _first_to_front(self, parent_inode: int, name: str) -> None:
         """After the first lookup in a directory (the long way, which prepared it): its
@@ -926,6 +942,7 @@ class Operations(pyfuse3.Operations):
         self.requests["read"] += 1  # `_errors`, inline
         if self.debug:
             log.debug("read%r", (fh, off, size))
+        start = perf_counter_ns()
         try:
             if self.versions is None:
                 return await self._run(self._handles[fh].read, off, size)
@@ -981,6 +998,9 @@ class Operations(pyfuse3.Operations):
             return data
         except Exception as e:
             raise _fuse_error(self, "read", (fh, off, size), e) from None
+        finally:
+            if self.latency is not None:
+                self.latency.observe("read", start)
 
     def _extent(self, node: Node, directory: str, shown: Shown | None) -> Extent | None:
         """Where the bytes of `node` (an entry of `directory`) are stored as `shown`, the

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
@@ -30,6 +31,9 @@ from shardfs.view.shown import TIDY_EVERY, KernelVersions
 from shardfs.writeback import Workspace
 from shardfs.writeback.leftover import Leftovers
 from shardfs.writeback.overlay import ShardRef
+
+if TYPE_CHECKING:
+    from shardfs.fuse.metrics import MetricsServer
 
 log = logging.getLogger("shardfs")
 
@@ -81,6 +85,7 @@ def serve(
     flush_interval: float = 5.0,
     leftovers: Leftovers | None = None,
     stats_interval: float = 0.0,
+    metrics: tuple[str, int] | None = None,
 ) -> str:
     """Mount `view` at `mountpoint` and serve it until it is unmounted.
 
@@ -90,17 +95,23 @@ def serve(
     every `flush_interval` seconds and, after the unmount, everything still
     buffered; what fails is kept in `leftovers`. The figures of `shardfs stats`
     are served on the control socket, and logged every `stats_interval` seconds
-    if that is not 0. Returns "" if all went well,
+    if that is not 0; and as Prometheus metrics at `metrics` (host, port) if given, from
+    before the mount to the unmount. Returns "" if all went well,
     else what could not be committed. Raises RuntimeError if the kernel refuses
-    the mount.
+    the mount, ShardfsError if the metrics' address cannot be listened on.
     """
     operations = Operations(view, config)
     lock = DaemonLock(mountpoint)
     # Named before the mount: naming it resolves the mountpoint, which would then ask us.
     control_path = control.socket_path(mountpoint)
+    server: MetricsServer | None = None
     try:
+        if metrics is not None:  # before the mount: a port taken is no mount
+            server = _serve_metrics(operations, metrics)
         pyfuse3.init(operations, mountpoint, fuse_options)
     except BaseException:
+        if server is not None:
+            server.stop()
         lock.release("the mount failed")
         raise
     if operations.front is not None:
@@ -164,6 +175,8 @@ def serve(
             # signal (or a crash of the loop) we must unmount ourselves.
             pyfuse3.close(unmount=signalled or mount_type(mountpoint) is not None)
             log.info("unmounted %s", mountpoint)
+            if server is not None:
+                server.stop()
             if operations.front is not None:
                 operations.front.stop()
             view.settle(SETTLE)
@@ -180,6 +193,17 @@ def serve(
         finally:
             lock.release(outcome)
     return outcome
+
+
+def _serve_metrics(operations: Operations, address: tuple[str, int]) -> MetricsServer:
+    """Serve the figures of `operations` as Prometheus metrics, timing its requests
+    meanwhile (imported here: only mounts with metrics pay for prometheus_client)."""
+    from shardfs.fuse.metrics import Latency, MetricsServer
+
+    latency = Latency()
+    server = MetricsServer(address, operations.stats, latency)
+    operations.latency = latency
+    return server
 
 
 def _hold_signals() -> None:

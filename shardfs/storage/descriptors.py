@@ -99,6 +99,14 @@ class DescriptorPool:
         """Descriptors open now."""
         return len(self._open)
 
+    def snapshot(self) -> dict[str, int]:
+        """Its figures for `shardfs stats`: descriptors open now and the most it may hold,
+        and how often one was closed for the budget and opened again."""
+        with self._lock:
+            open_now = len(self._open)
+            evicted, reopened = self.evicted, self.reopened
+        return {"open": open_now, "limit": self.limit(), "evicted": evicted, "reopened": reopened}
+
     def share(self, ident: Hashable, path: str, open_: Callable[[], int]) -> Descriptor:
         """The descriptor of `ident` (key, version) with one more pin on it: shared if a pin
         holds it, else `open_()` (which opens `path` and checks that it is that version)."""

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from shardfs.primitives.blocking import WouldBlock, check_may_block, may_block
 from shardfs.primitives.errors import (
@@ -399,6 +400,10 @@ class LocalStorage(Storage):
 
     def _pin(self, key: str, stat: Stat) -> Pin:
         return _FilePin(self, key, stat)
+
+    def stats(self) -> dict[str, Any]:
+        """Requests and bytes (`Storage.stats`), and the descriptors its pins hold."""
+        return {**self.counts.snapshot(), "descriptors": self._descriptors.snapshot()}
 
     def descriptor_budget(self) -> int:
         return self._descriptors.limit()

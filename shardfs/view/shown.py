@@ -278,6 +278,19 @@ class KernelVersions:
             with self._lock:
                 self._kept[(key, stat.version)] = (pin, now)
 
+    def snapshot(self) -> dict[str, int]:
+        """Its figures for `shardfs stats`: the shows kept (by inode and by directory), the
+        object versions they hold, and the versions kept open, each a descriptor, within
+        their limit."""
+        with self._lock:
+            versions = len(self._kept)
+        return {
+            "shows": len(self._inodes) + len(self._dirs),
+            "held": self._held,
+            "versions": versions,
+            "versions_limit": self._versions,
+        }
+
     def tidy(self) -> None:
         """Let go the kept versions whose shows the kernel no longer holds, however idle
         the mount: the daemon calls this every `TIDY_EVERY` seconds, so that a file

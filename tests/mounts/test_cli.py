@@ -234,6 +234,7 @@ PLACEHOLDERS = {
     "NAME": "x",
     "FILE": "/tmp/x.log",
     "MODE": "0440",
+    "HOST:PORT": "localhost:9464",
 }
 
 
