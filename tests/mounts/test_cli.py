@@ -234,6 +234,7 @@ PLACEHOLDERS = {
     "NAME": "x",
     "FILE": "/tmp/x.log",
     "MODE": "0440",
+    "TIMESTAMP": "2024-05-01T12:00:00",
 }
 
 
