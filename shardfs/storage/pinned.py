@@ -118,7 +118,9 @@ class PinnedS3Storage(S3Storage):
                 self._gone.add((key, version.version_id))
             if first:
                 log.error("%s", message)
-            raise CorruptData(message)
+            error = CorruptData(message)
+            error.logged = True  # once per version, here: not at every request that meets it
+            raise error
 
     def _call(self, what: str, key: str, request: Callable[[], Any], version: Any = None) -> Any:
         try:
@@ -132,7 +134,9 @@ class PinnedS3Storage(S3Storage):
         message = f"{self.describe(key)} version {version.version_id} is gone from the bucket"
         if first:
             log.error("%s", message)
-        raise StorageError(message) from None
+        error = StorageError(message)
+        error.logged = True  # once per version, here: not at every request that meets it
+        raise error from None
 
     # -- nothing is written ----------------------------------------------------------------
 

@@ -123,7 +123,7 @@ def test_fields_after_the_entries_must_be_the_recommended_ones() -> None:
             b'{"fields": ["versionId", "size", "ETag"], "entries": {"a": ["v", 1, "e"], '
             b'"a": ["w", 1, "e"]}}',
             "twice",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_bad_manifests_are_refused_in_one_line(manifest: Any, message: str) -> None:
