@@ -276,3 +276,53 @@ def test_bad_pinning_is_refused_in_one_line(versioned: S3Env, mount, tmp_path: P
     mounted = mount(url, *s3.mount_options(), f"manifest={tmp_path / 'wrong.json'}")
     assert json.loads((mounted.path / "zarr.json").read_bytes())["node_type"] == "group"
     assert mounted.log().count("not to its zarrChecksum") == 1, mounted.log()
+
+
+def test_a_manifest_is_fetched_from_s3_and_over_http(
+    versioned: S3Env, mount, tmp_path: Path
+) -> None:
+    """`manifest=` takes an s3:// URL (reached as the source is) and an http(s):// URL; a
+    body longer than it announced, or past the bound, is cut off (`storage.pinned._Bounded`)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    s3 = versioned
+    s3.put("z/zarr.json", b'{"zarr_format": 3, "node_type": "group", "attributes": {"v": 1}}')
+    manifest = json.dumps(spec_manifest(latest(s3, "z")))
+    s3.put("z/zarr.json", b'{"zarr_format": 3, "node_type": "group", "attributes": {"v": 2}}')
+    s3.put("manifests/m.json", manifest.encode())
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "m.json").write_text(manifest)
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "served"))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        http = f"http://127.0.0.1:{server.server_address[1]}/m.json"
+        for location in (s3.url("manifests/m.json"), http):
+            mounted = mount(s3.url("z"), *s3.mount_options(), f"manifest={location}")
+            assert json.loads((mounted.path / "zarr.json").read_bytes())["attributes"] == {"v": 1}
+            mounted.stop()
+        missing = refused(
+            "mount", s3.url("z"), str(tmp_path / "mnt"), "-o",
+            ",".join([*s3.mount_options(), f"manifest={http}x"]),
+        )  # fmt: skip
+        assert "HTTP 404" in missing
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_manifest_past_the_bound_is_cut_off_while_read(tmp_path: Path) -> None:
+    import io
+
+    from shardfs.primitives.errors import UsageError
+    from shardfs.storage.pinned import _Bounded
+
+    stream = _Bounded(io.BytesIO(b"x" * 100), 64, "m.json")
+    assert stream.read(60) == b"x" * 60
+    with pytest.raises(UsageError, match="bigger than 64 bytes"):
+        stream.read(60)
