@@ -173,6 +173,22 @@ TABLE: tuple[tuple[str, str], ...] = (
         ),
     ),
     (
+        "`manifest=FILE`",
+        (
+            "S3, read-only: the Zarr at the prefix as the DANDI Zarr manifest FILE (a path, an "
+            "`s3://` or an `https://` URL) describes it: listings from the manifest, every object"
+            " read at the version it names (see [Pinned mounts](semantics.md#pinned-mounts))"
+        ),
+    ),
+    (
+        "`as_of=TIMESTAMP`",
+        (
+            "S3 with versioning, read-only: every object as it was at TIMESTAMP (ISO 8601; "
+            "without a zone, UTC), its newest version by then that is not a delete marker (see "
+            "[Pinned mounts](semantics.md#pinned-mounts))"
+        ),
+    ),
+    (
         "`endpoint_url=URL`",
         (
             "S3: the endpoint of an S3-compatible store (MinIO, Ceph, ...); default AWS, or "
@@ -359,6 +375,10 @@ class MountOptions:
     gid: int | None = None
     file_mode: int | None = None
     dir_mode: int | None = None
+    #: S3 sources: the DANDI Zarr manifest that pins every object's version (a path or URL)
+    manifest: str | None = None
+    #: S3 sources: every object as it was at this time (seconds since the epoch)
+    as_of: int | None = None
     #: kernel mount flags (KERNEL_FLAGS), the last given of each pair (`exec`/`noexec`, ...)
     flags: dict[str, str] = field(default_factory=dict)
     given: list[str] = field(default_factory=list)
@@ -543,6 +563,12 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             elif name == "spool" and value:
                 options.spool = os.path.abspath(value)
                 item = f"spool={options.spool}"
+            elif name == "manifest" and value:
+                is_url = value.startswith(("s3://", "https://", "http://"))
+                options.manifest = value if is_url else os.path.abspath(value)
+                item = f"manifest={options.manifest}"
+            elif name == "as_of":
+                options.as_of = _timestamp(value)
             elif name == "log" and value:
                 # Absolute, because a detached daemon runs in "/".
                 options.log_file = os.path.abspath(value)
@@ -552,4 +578,29 @@ def parse_options(groups: Iterable[str]) -> MountOptions:
             options.given.append(item)
     if any(item.startswith("cache_size=") for item in options.given) and not options.cache_dir:
         raise UsageError("option cache_size needs cache_dir=DIR")
+    if options.manifest is not None or options.as_of is not None:
+        _pinned(options)
     return options
+
+
+def _timestamp(value: str) -> int:
+    """Seconds since the epoch of an ISO 8601 time (without a zone: UTC), for `as_of`."""
+    from datetime import UTC, datetime
+
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise UsageError(
+            f"option as_of needs an ISO 8601 time (2024-05-01T12:00:00Z), got {value!r}"
+        ) from None
+    return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp())
+
+
+def _pinned(options: MountOptions) -> None:
+    """A mount pinned to versions (`manifest`, `as_of`) is read-only: refuse `rw`."""
+    if options.manifest is not None and options.as_of is not None:
+        raise UsageError("options manifest and as_of each pin the versions: give one of them")
+    name = "manifest" if options.manifest is not None else "as_of"
+    if "rw" in options.given:
+        raise UsageError(f"option {name} pins old versions, which cannot be written: mount ro")
+    options.read_only = True

@@ -27,6 +27,7 @@ from shardfs.writeback import Workspace, WriteBuffer
 from shardfs.writeback.leftover import Leftovers
 
 if TYPE_CHECKING:
+    from shardfs.formats.dandi_manifest import PinnedTree
     from shardfs.storage.disk_cache import DiskCache
 
 log = logging.getLogger("shardfs")
@@ -38,17 +39,61 @@ def is_local(source: str) -> bool:
 
 def open_storage(source: str, options: MountOptions) -> Storage:
     """The storage at SOURCE (a directory or s3://BUCKET/PREFIX), whatever it holds."""
+    pinned = (
+        "manifest"
+        if options.manifest is not None
+        else "as_of"
+        if options.as_of is not None
+        else None
+    )
     if not is_local(source):
         from shardfs.storage.s3 import S3Storage, parse_url  # boto3 only for S3 sources
 
+        if pinned is not None:
+            return _open_pinned(source, options)
         bucket, prefix = parse_url(source)
         return S3Storage(bucket, prefix, options.s3_config(), open_disk_cache(options))
+    if pinned is not None:
+        raise UsageError(f"option {pinned} is for S3 sources (s3://BUCKET/PREFIX)")
     if options.cache_dir:
         raise UsageError("option cache_dir is for S3 sources (a local source is on disk already)")
     if not os.path.isdir(source):
         problem = "is not a directory" if os.path.exists(source) else "does not exist"
         raise UsageError(f"source {source} {problem}")
     return LocalStorage(source)
+
+
+def _open_pinned(source: str, options: MountOptions) -> Storage:
+    """The S3 source pinned to a manifest or a time; a manifest whose own entries do not
+    add up to its `zarrChecksum` is one line in the log (see `check_manifest`)."""
+    from shardfs.storage.pinned import open_pinned
+
+    storage = open_pinned(
+        source, options.s3_config(), open_disk_cache(options), options.manifest, options.as_of
+    )
+    if options.manifest is not None:
+        check_manifest(storage.tree, options.manifest)
+    return storage
+
+
+def check_manifest(tree: PinnedTree, name: str) -> None:
+    """Log one warning if the manifest's entries (ETags and sizes) do not add up to its
+    `zarrChecksum`: its entries, which are what is mounted, are then not what was
+    published under that checksum. Costs no request."""
+    from shardfs.checksum.pinned import tree_checksum
+
+    given = tree.statistics.get("zarrChecksum")
+    if given is None:
+        return
+    computed = str(tree_checksum(tree))
+    if computed != given:
+        log.warning(
+            "manifest %s: its entries add up to the zarr checksum %s, not to its zarrChecksum "
+            "%s; mounted as its entries name them",
+            name,
+            computed,
+            given,
+        )
 
 
 def open_disk_cache(options: MountOptions) -> DiskCache | None:

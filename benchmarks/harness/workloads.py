@@ -56,6 +56,10 @@ WORKLOADS = {
         "the same tree as plain files on local disk",
         FLOOR_TREE + ", serving the chunk tree's shape",
     ),
+    "manifest_scale": Workload(
+        "A mount pinned to a DANDI Zarr manifest of {entries} entries: parse, mount, memory",
+        "the targets of issue 44: mounted within 10 s, daemon RSS within 256 MiB",
+    ),
     "s3_read": Workload(
         "Reading a sharded array from S3: a mount against zarr-python's own S3 support",
         "zarr-python 3 reading the same array straight from S3 (obstore)",

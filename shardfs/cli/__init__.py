@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 from shardfs import __version__
-from shardfs.cli import checksum, info, logs, stats
+from shardfs.cli import checksum, info, logs, manifest, stats
 from shardfs.fuse.mounts import (
     is_stale,
     mount_type,
@@ -162,6 +162,7 @@ def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
     )
     checksum.add_parser(commands)
     info.add_parser(commands)
+    manifest.add_parser(commands)
     stats.add_parser(commands)
     return parser, frozenset(commands.choices)
 
@@ -188,6 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return checksum.run(args)
         if args.command == "info":
             return info.run(args)
+        if args.command == "manifest":
+            return manifest.run(args)
         if args.command == "stats":
             return stats.run(args)
         return _umount(args.mountpoint)

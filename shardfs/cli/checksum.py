@@ -20,8 +20,19 @@ from shardfs.maintenance.report import format_size
 from shardfs.primitives.errors import ShardfsError, UsageError
 from shardfs.sources import open_source, open_storage
 
-#: The `-o` options that mean something here: how to reach S3, and the index cache.
-OPTIONS = ("endpoint_url", "region", "profile", "anon", "timeout", "metadata_ttl", "index_cache")
+#: The `-o` options that mean something here: how to reach S3, the index cache, and the
+#: versions to pin (a pinned source's checksum needs no request beyond its listing).
+OPTIONS = (
+    "endpoint_url",
+    "region",
+    "profile",
+    "anon",
+    "timeout",
+    "metadata_ttl",
+    "index_cache",
+    "manifest",
+    "as_of",
+)
 
 
 def add_parser(commands: Commands) -> None:

@@ -89,7 +89,7 @@ _FAILED_PRECONDITION = {"PreconditionFailed", "412"}
 PROBE_DIR = ".shardfs"
 #: The ETag the delete probe names to be refused: not its object's (the MD5 of its body).
 _WRONG_ETAG = '"' + "0" * 32 + '"'
-_MISSING = {"NoSuchKey", "404", "NotFound"}
+_MISSING = {"NoSuchKey", "404", "NotFound", "NoSuchVersion"}
 #: The kinds `shardfs stats` counts requests by (the others by their operation's name).
 _KINDS = {
     "GetObject": "GET",
@@ -607,9 +607,10 @@ class S3Storage(Storage):
             "Range": byte_range,
         }
         if version is not None:
-            request["IfMatch"] = version
+            request.update(self._read_condition(version))
         for attempt in attempts(BODY_ATTEMPTS, at_once=0, first=0.05, longest=2.0):
             answer = self._call("read", key, lambda: self._s3.get_object(**request), version)
+            self._check_answer(key, version, answer)
             try:
                 data = answer["Body"].read()
             except (botocore.exceptions.BotoCoreError, OSError) as e:
@@ -630,6 +631,14 @@ class S3Storage(Storage):
                 )
             return data, size
         raise AssertionError("unreachable")
+
+    def _read_condition(self, version: Hashable) -> dict[str, Any]:
+        """What a GET of version `version` adds to its request: `If-Match` on the ETag."""
+        return {"IfMatch": version}
+
+    def _check_answer(self, key: str, version: Hashable | None, answer: dict[str, Any]) -> None:
+        """Check a GET's answer (its headers) against the version asked for: `If-Match`
+        did that here already."""
 
     # -- writes ---------------------------------------------------------------
 

@@ -235,6 +235,7 @@ PLACEHOLDERS = {
     "FILE": "/tmp/x.log",
     "MODE": "0440",
     "HOST:PORT": "localhost:9464",
+    "TIMESTAMP": "2024-05-01T12:00:00",
 }
 
 
