@@ -15,6 +15,10 @@ Pairs, each run plain first, then through the mount:
   d-shard / d-mount  `cat` of the shard files / of every virtual chunk file;
 
 and on its own, after them, c: zarr-python 3 reads the sharded source natively.
+With `--cfloor BINARY` (../shared/tools/cfloor.c, built outside the project as its
+header says), two more pairs: b / e and b4 / e4, zarr-python 3 reading the plain copy
+through the C floor in `-p` mode (every file opened at its start, read with pread(2),
+not preloaded): what any FUSE daemon reaches on this host, in the same run.
 
 Per repetition and pair: the page cache is dropped and the plain side read
 (COLD), then the page cache is dropped, a fresh daemon started and the mount
@@ -30,7 +34,7 @@ the large one keeps start-up (the mount's, zarr's) from dominating the ratio.
 Needs root (drop_caches, FUSE).
 
     .venv/bin/python -m benchmarks.read_throughput [--size-mib 512 1024] [--data DIR]
-        [--repeat 5] [--readers 4] [--results PATH]
+        [--repeat 5] [--readers 4] [--results PATH] [--cfloor BINARY]
 
 Each size writes its own result, `read_throughput-<size>mib` (`--results` names the
 directory then, where more than one size is given).
@@ -53,7 +57,7 @@ import numpy as np
 
 from benchmarks.harness import results
 from benchmarks.harness.caches import drop_caches
-from benchmarks.harness.daemons import MountManager
+from benchmarks.harness.daemons import Child, MountManager
 from benchmarks.harness.data.read import (
     ARRAY,
     CHUNK,
@@ -93,6 +97,8 @@ class Case:
     cpu: dict[str, list[float]] = field(default_factory=lambda: {"cold": [], "warm": []})
     #: `shardfs stats` after the last cold read (mounted cases)
     stats: dict | None = None
+    #: another daemon it reads through (the C floor): started afresh for a cold read
+    daemon: CFloor | None = None
 
     def mib_s(self, mode: str) -> float:
         return self.nbytes / (1 << 20) / statistics.median(self.times[mode])
@@ -125,6 +131,23 @@ def cat_read(path: Path) -> Callable[[], None]:
         )
 
     return read
+
+
+class CFloor:
+    """The C floor serving the plain copy (`cfloor -p`): a fresh daemon per cold read."""
+
+    def __init__(self, binary: Path, tree: Path, mountpoint: Path, interrupts: Interrupts) -> None:
+        self.command = [str(binary), "-p", str(tree), str(mountpoint)]
+        self.child = Child(interrupts, mountpoint, mountpoint.with_suffix(".log"), "fuse.cfloor")
+
+    def fresh(self) -> int:
+        """Start it again, then drop the page cache (it opens every file at start)."""
+        self.child.start(self.command)
+        drop_caches()
+        return self.child.pid
+
+    def stop(self) -> None:
+        self.child.stop()
 
 
 class Checker:
@@ -163,20 +186,28 @@ class Runner:
         self.options = options
 
     def time(self, case: Case, mode: str) -> float:
-        if mode == "cold":
+        pid = None
+        if case.daemon is not None:
+            if mode == "cold":
+                self.mounts.stop()
+                pid = case.daemon.fresh()
+            else:
+                pid = case.daemon.child.pid
+        elif mode == "cold":
             if case.mounted:
                 self.mounts.fresh(*self.options)
             else:
                 self.mounts.stop()  # no daemon beside a plain read
                 drop_caches()
-        pid = self.mounts.current.process.pid if case.mounted and self.mounts.current else None
+        if case.mounted and self.mounts.current:
+            pid = self.mounts.current.process.pid
         cpu = daemon_cpu(pid) if pid else 0.0
         started = time.perf_counter()
         result = case.read()
         elapsed = time.perf_counter() - started
         if pid:
             case.cpu[mode].append(daemon_cpu(pid) - cpu)
-            if mode == "cold":
+            if mode == "cold" and case.mounted:
                 with contextlib.suppress(OSError, ValueError):
                     case.stats = control.query(str(self.mounts.dataset.mountpoint))
         self.checker.check(case, result)
@@ -194,6 +225,11 @@ class Runner:
                 f"plain/mount {pair.ratios(mode)[-1]:.2f} ({plain:.3f} s / {mount:.3f} s)",
                 flush=True,
             )
+
+    def done(self, case: Case) -> None:
+        """After a pair's reads: no other daemon beside the next case's."""
+        if case.daemon is not None:
+            case.daemon.stop()
 
     def alone(self, case: Case) -> None:
         for mode in ("cold", "warm"):
@@ -245,7 +281,7 @@ def report(
         cold, warm = (statistics.median(case.times[m]) for m in ("cold", "warm"))
         cpu = (
             " / ".join(f"{statistics.median(case.cpu[m]):.2f}" for m in ("cold", "warm"))
-            if case.mounted
+            if case.mounted or case.daemon is not None
             else None
         )
         table.row(
@@ -284,6 +320,7 @@ def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) ->
     dataset.data.mkdir(parents=True, exist_ok=True)
     dataset.log.write_text("")
     mounts = MountManager(dataset, interrupts, cold=True)
+    floors: list[CFloor] = []
     try:
         if dataset.ready():
             print(f"reusing {dataset.data}")
@@ -363,11 +400,31 @@ def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) ->
             Pair(f"**a{n}/b{n}** zarr, {n} threads", cases[f"b{n}"], cases[f"a{n}"], TARGETS),
             Pair("d (cat, throughput mount / shards)", cases["d-shard"], cases["d-mount"]),
         ]
+        if args.cfloor is not None:  # each pair with a plain read of its own, just before
+            for key, threads in (("e", 1), (f"e{n}", n)):
+                mountpoint = dataset.data / f"mnt-cfloor-{key}"
+                floor = CFloor(args.cfloor, dataset.plain, mountpoint, interrupts)
+                floors.append(floor)
+                along = f", {n} threads" if threads > 1 else ""
+                plain_case = Case(
+                    f"b-{key}", f"zarr plain copy{along}", "uncompressed", nbytes,
+                    zarr_read(plain, False, threads), False,
+                )  # fmt: skip
+                floor_case = Case(
+                    key, f"zarr via the C floor (cfloor -p){along}", "uncompressed", nbytes,
+                    zarr_read(mountpoint / ARRAY, False, threads), False, daemon=floor,
+                )  # fmt: skip
+                cases[plain_case.key], cases[key] = plain_case, floor_case
+                pairs.append(
+                    Pair(f"{key}/b zarr, C floor / plain copy{along}", plain_case, floor_case)
+                )
         options = tuple(o for o in args.options.split(",") if o)
         runner = Runner(mounts, Checker(dataset.shape), "", options)
         measure(pairs, [cases["c"]], args.repeat, runner)
     finally:
         mounts.stop()
+        for floor in floors:
+            floor.stop()
     result = Result(
         f"read_throughput-{size_mib}mib",
         {
@@ -375,6 +432,7 @@ def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) ->
             "repeat": args.repeat,
             "readers": args.readers,
             "options": args.options,
+            "cfloor": args.cfloor is not None,
         },
     )
     result.note(summary)
@@ -402,7 +460,14 @@ def main() -> int:
         help="where each size's result goes: a file for one size, else a directory "
         "(default benchmarks/results/read_throughput-<size>mib.json; 'none': nowhere)",
     )
+    parser.add_argument(
+        "--cfloor",
+        type=Path,
+        help="the C floor's binary (../shared/tools/cfloor.c, built as its header says)",
+    )
     args = parser.parse_args()
+    if args.cfloor is not None and not os.access(args.cfloor, os.X_OK):
+        parser.error(f"--cfloor {args.cfloor}: not an executable")
     if min(args.size_mib) < 1 or args.repeat < 1 or args.readers < 2:
         parser.error("--size-mib and --repeat must be positive, --readers at least 2")
     if os.geteuid() != 0:
