@@ -33,6 +33,8 @@ from shardfs.view.shards import EMPTY_NBYTES, Shards
 
 #: Prepared chunk directories a view (and a front end) keeps; all dropped when full.
 DIRECTORIES_KEPT = 4096
+#: Up to this many rows, `shard_rows` takes them one by one rather than with numpy.
+FEW_ROWS = 64
 #: Shard keys a directory keeps (see `ChunkDirectory._key`); all dropped when full.
 KEYS_KEPT = 1024
 
@@ -121,6 +123,16 @@ class ChunkDirectory:
         first = k - k % self._per_shard
         stop = min(first + self._per_shard, self._limit)
         entries = table.entries[self._local][: stop - first]
+        if stop - first <= FEW_ROWS:  # a loop over few rows costs less than numpy's calls
+            names, indices, offsets, lengths = [], [], [], []
+            base = self._base + first
+            for i, (offset, nbytes) in enumerate(entries.tolist()):
+                if nbytes != EMPTY_NBYTES:
+                    names.append(b"%d" % (first + i))
+                    indices.append(base + i)
+                    offsets.append(offset)
+                    lengths.append(nbytes)
+            return names, indices, offsets, lengths
         present = entries[:, 1] != EMPTY_NBYTES
         ks = np.arange(first, stop)[present]
         return (

@@ -18,7 +18,7 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 from shardfs.primitives.errors import CorruptData, IsADirectory, NotADirectory, NotFound
 from shardfs.storage import LocalStorage, Stat
 from shardfs.storage.base import Pin
-from shardfs.view import Namespace, Node, Role, View
+from shardfs.view import Namespace, Node, Role, View, leaves
 from tests.support.zarr2 import Zarr2
 
 
@@ -433,3 +433,53 @@ def test_listings_show_exactly_the_chunks_stored(tmp_path: Path, view: View) -> 
             for name, stored in expected.items()
         }
     )
+
+
+@pytest.mark.parametrize("few", [64, 0])
+def test_rows_for_a_front_end_are_what_lookups_find(
+    tmp_path: Path, few: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows a front end that answers lookups and reads itself is given, after a lookup
+    (`ChunkDirectory.shard_rows`, one by one for few rows or with numpy for many) and from
+    a listing (`ChunkRun.stored_rows`), name every stored chunk of their shard in that
+    directory, with the grid index, offset and length a lookup of it finds, and no other."""
+    monkeypatch.setattr(leaves, "FEW_ROWS", few)
+    root = tmp_path / "src"
+    values = np.random.default_rng(5).integers(1, 255, (4, 40), dtype=np.uint8)
+    values[0, 4:8] = 0  # chunks (0, 2) and (0, 3): never stored
+    array = zarr.create_array(
+        root, shape=(4, 40), chunks=(1, 2), shards=(2, 20), dtype="uint8", compressors=None,
+        fill_value=0,
+    )  # fmt: skip
+    array[:] = values
+    ns = Namespace(LocalStorage(root))
+    parent = ns.resolve("c/0")
+    ns.entry(parent, "0")  # prepares the directory
+    leaf = ns.chunk_directory("c/0")
+    assert leaf is not None
+
+    def found(name: str) -> tuple[int, str, int, int]:
+        hit = leaf.entry(name)
+        assert hit is not None and hit[3].extent is not None
+        extent = hit[3].extent
+        return hit[2], extent.key, extent.offset, extent.length
+
+    stored = {str(k) for k in range(20) if k not in (2, 3)}
+    from_lookups: dict[str, tuple[int, str, int, int]] = {}
+    for first in ("0", "10"):  # one chunk of each of the directory's two shards
+        hit = leaf.entry(first)
+        assert hit is not None and hit[3].shard is not None
+        rows = leaf.shard_rows(hit)
+        assert rows is not None
+        for name, index, offset, length in zip(*rows, strict=True):
+            from_lookups[name.decode()] = (index, hit[3].shard[0], offset, length)
+    assert set(from_lookups) == stored
+    assert all(from_lookups[name] == found(name) for name in stored)
+
+    from_listing: dict[str, tuple[int, str, int, int]] = {}
+    for _, run, _ in ns.listing(parent).chunks(0):
+        names = [name.encode() for name in run.names()]
+        for k, names_, flat, offsets, lengths in run.stored_rows(names, 0, len(run)):
+            for name, index, offset, length in zip(names_, flat, offsets, lengths, strict=True):
+                from_listing[name.decode()] = (index, run.shards[k][0], offset, length)
+    assert from_listing == from_lookups
