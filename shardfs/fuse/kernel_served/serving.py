@@ -132,8 +132,8 @@ class _Pass:
 
 
 class KernelServing:
-    """What a kernel-served mount keeps and serves beyond the adapter's requests: made by
-    `Operations` for such a mount alone, and owned by the event loop like the rest of it.
+    """The state and answers of one kernel-served mount: made by `Operations` for such a
+    mount alone, and, like it, owned by the event loop.
 
     `windows` is the adapter's map of readdirplus windows: a directory's goes with its
     listing (by inode, as the kernel sends readdir here)."""
