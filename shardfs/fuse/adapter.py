@@ -18,8 +18,8 @@ import os
 import stat
 import sys
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -29,8 +29,8 @@ import pyfuse3
 import trio
 
 from shardfs.checksum.digests import ChunkDigests
-from shardfs.fuse.inodes import SHIFT, InodeTable, Slot
-from shardfs.fuse.kernel_served.front import NativeFront, unavailable
+from shardfs.fuse.inodes import InodeTable, Slot
+from shardfs.fuse.kernel_served.serving import KernelServing
 from shardfs.fuse.owners import Owners
 from shardfs.primitives.blocking import WouldBlock, attempt
 from shardfs.primitives.errors import (
@@ -38,7 +38,6 @@ from shardfs.primitives.errors import (
     AttributesFixed,
     BadHandle,
     CannotMove,
-    CorruptData,
     InvalidRequest,
     InvalidWrite,
     IsADirectory,
@@ -55,10 +54,8 @@ from shardfs.primitives.errors import (
 )
 from shardfs.storage.base import Access, Stat
 from shardfs.view import Attr, Node, Role
-from shardfs.view.interface import Opened, OpenFile, PreparedDirectory, ViewInterface, Writes
-from shardfs.view.leaves import DIRECTORIES_KEPT
-from shardfs.view.nodes import ArrayView, ChunkRun, Extent, Listing
-from shardfs.view.shown import KernelVersions, Shown
+from shardfs.view.interface import OpenFile, ViewInterface, Writes
+from shardfs.view.nodes import ChunkRun, Listing
 
 if TYPE_CHECKING:
     from shardfs.fuse.metrics import Latency
@@ -69,8 +66,6 @@ _FS_ENCODING = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
 
 P = ParamSpec("P")
 T = TypeVar("T")
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
 
 _ERRNO: list[tuple[type[ShardfsError], int]] = [
     (NotFound, errno.ENOENT),
@@ -186,25 +181,6 @@ def _source(node: Node, attr: Attr, seen: dict[str, Stat | None] | None) -> tupl
     return None if stat is None or stat.is_dir else (key, stat)
 
 
-async def _invalidate(inode: int) -> None:
-    """Have the kernel drop the pages and attributes it keeps of `inode`. From a worker
-    thread, after the request that found it stale has been answered: the kernel may
-    need locks that request holds."""
-    with contextlib.suppress(OSError):  # forgotten by the kernel meanwhile: nothing kept
-        await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, False)
-
-
-def _front_off(view: ViewInterface, config: MountConfig) -> str | None:
-    """Why a kernel-served mount of `view` runs without the native front (None: with)."""
-    if not config.kernel_served:
-        return None
-    if not config.front:
-        return "front=no"
-    if view.storage.stat_path("") is None:
-        return "its source is not a local directory"
-    return unavailable()
-
-
 def errno_for(error: ShardfsError) -> int:
     """The errno a FUSE client sees for a core error; everything unexpected is EIO."""
     for cls, code in _ERRNO:
@@ -257,22 +233,6 @@ def _fuse_error(ops: Any, name: str, args: tuple[Any, ...], e: Exception) -> pyf
 #: Whether this pyfuse3 hands read and readdir the inode when the kernel sends fh 0 (the
 #: patch in patches/, which scripts/setup builds): what kernel-served mounts need.
 INODE_AS_FH: bool = getattr(pyfuse3, "SHARDFS_INODE_AS_FH", False)
-#: Readers a kernel-served mount keeps, one per inode while a pass over its file is under
-#: way (each may hold a descriptor and a chunk's bytes), the least recently used closed
-#: beyond this; a reader is closed when its pass reaches the end of its file, since the
-#: kernel's page cache serves re-reads. One dropped early is opened again as of the same
-#: show (see `shardfs.view.shown`), so the budget costs time, never a mixed pass.
-INODE_READERS = 256
-#: Listings a kernel-served mount keeps while the kernel reads them, one per directory.
-INODE_LISTINGS = 64
-#: Shards of a chunk directory after the one a lookup found whose rows the native front is
-#: given ahead (see `Operations.fill_ahead`), and such fills waiting at most.
-SHARDS_AHEAD = 8
-AHEAD_QUEUED = 256
-#: Where the chunk files a kernel-served mount's lookups located are stored (about 200
-#: bytes each), by node id: the read of such a file needs no reader. A node id names one
-#: version (see `InodeTable`), so a location, once known, never goes stale.
-EXTENTS_KEPT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -299,59 +259,6 @@ class MountConfig:
     @property
     def cache_timeout(self) -> float:
         return self.timeout if self.read_only else 1.0
-
-
-class _ByInode(OrderedDict[K, V]):
-    """Per-inode (or per-directory) state of a kernel-served mount (no open/opendir, so
-    no file handles): kept for the most recently used, `close` called on what is dropped.
-    `get` is OrderedDict's own (in C: asked at every lookup) and does not count as a use;
-    `move_to_end` does."""
-
-    def __init__(self, budget: int, close: Callable[[K, V], None]) -> None:
-        super().__init__()
-        self._budget = budget
-        self._close = close
-
-    def put(self, key: K, item: V) -> None:
-        self.drop(key)
-        self[key] = item
-        while len(self) > self._budget:
-            self._close(*self.popitem(last=False))
-
-    def drop(self, key: K) -> None:
-        item = self.pop(key, None)
-        if item is not None:
-            self._close(key, item)
-
-
-@dataclass
-class _Pass:
-    """A reader of a kernel-served file while a pass over it is under way, with the show
-    it reads as of and the size it serves."""
-
-    reader: Opened
-    path: str
-    shown: Shown | None
-    size: int
-    #: reads of it under way (in worker threads): it is closed once they are done
-    busy: int = 0
-    dropped: bool = False
-
-    async def read(self, run: Callable[..., Awaitable[bytes]], off: int, size: int) -> bytes:
-        """`reader.read` through `run`, the reader kept open until it returns."""
-        self.busy += 1
-        try:
-            return await run(self.reader.read, off, size)
-        finally:
-            self.busy -= 1
-            if self.dropped and not self.busy:
-                self.reader.close()
-
-    def drop(self) -> None:
-        """Close the reader now, or, while reads of it are under way, after the last."""
-        self.dropped = True
-        if not self.busy:
-            self.reader.close()
 
 
 class Operations(pyfuse3.Operations):
@@ -381,50 +288,25 @@ class Operations(pyfuse3.Operations):
         self._files_of: dict[int, set[int]] = {}
         self._listings: dict[int, Listing] = {}
         self._windows: dict[int, _Window] = {}
-        # kernel-served mounts: by inode, since the kernel sends no file handles
-        self._readers: _ByInode[int, _Pass] = _ByInode(INODE_READERS, lambda _, p: p.drop())
         self._owners = Owners(
             config.read_only, config.uid, config.gid, config.file_mode, config.dir_mode
         )
-        #: why a kernel-served mount runs without the native front, if it does
-        self.front_off = _front_off(view, config)
-        front = None
-        if config.kernel_served and self.front_off is None:
-            # made first: it sets aside its descriptors from the budget the versions use
-            front = NativeFront(view.storage, self._owners, config.cache_timeout)
-        #: what the kernel of a kernel-served mount was shown of each file
-        self.versions = (
-            KernelVersions(view.storage, config.cache_timeout) if config.kernel_served else None
+        #: kernel-served mounts: the versions shown and what is served as of them
+        self.serving = (
+            KernelServing(
+                view,
+                self.inodes,
+                self._owners,
+                self._limiter,
+                self._windows,
+                front=config.front,
+                timeout=config.cache_timeout,
+            )
+            if config.kernel_served
+            else None
         )
-        #: the native front, attached by the daemon once pyfuse3 has mounted
-        self.front = front
-        #: shards whose rows the front is to be given ahead of their lookups (`fill_ahead`)
-        self._ahead, self._ahead_receive = trio.open_memory_channel[
-            tuple[int, PreparedDirectory, str]
-        ](AHEAD_QUEUED)
-        self._asked_ahead: set[tuple[int, str]] = set()
-        if front is not None and self.versions is not None:
-            front.versions = self.versions
-            self.versions.elsewhere = front
-            self.inodes.shared = front.retire
         #: read-only mounts: the version each inode was last opened on (see `_open_file`)
         self._opened: dict[int, Hashable] = {}
-        #: the show whose reads last failed, by inode: logged once
-        self._failed_shows: dict[int, int] = {}
-        # a listing's window of prepared rows, and the versions it was made from, go with it
-        self._dir_listings: _ByInode[int, Listing] = _ByInode(INODE_LISTINGS, self._listing_gone)
-        self._listing_seen: dict[int, dict[str, Stat | None]] = {}
-        #: the latest listings shown, by directory path, with their shows: where the chunk
-        #: files they showed are stored (see `_extent`)
-        self._listed: _ByInode[str, tuple[Shown, Listing]] = _ByInode(
-            INODE_LISTINGS, lambda *_: None
-        )
-        #: By inode, the chunk directories looked in (see `lookup`), each with the node id
-        #: bases of the shard versions looked up there (see `_base`)
-        self._leaves: dict[int, tuple[PreparedDirectory, dict[Hashable, Any]]] = {}
-        #: By node id, where the chunk files that lookups located are stored (the oldest
-        #: dropped first)
-        self._extents: dict[int, Extent] = {}
         self._digests: ChunkDigests | None = None
         self._next_fh = itertools.count(1)
         #: FUSE requests by handler, and error replies by errno, for `shardfs stats`
@@ -436,13 +318,6 @@ class Operations(pyfuse3.Operations):
         self.debug = log.isEnabledFor(logging.DEBUG)
         self.started = time.time()
 
-    def without_front(self, why: str) -> None:
-        """Serve everything in Python: the front could not start (`why`)."""
-        self.front, self.front_off = None, why
-        self.inodes.shared = None
-        if self.versions is not None:
-            self.versions.elsewhere = None
-
     def stats(self) -> dict[str, Any]:
         """Everything `shardfs stats` shows: the view's figures, the kernel's requests, and
         those the native front answered."""
@@ -450,12 +325,8 @@ class Operations(pyfuse3.Operations):
             "requests": dict(sorted(self.requests.items())),
             "errors": dict(sorted(self.errors.items())),
         }
-        if self.front is not None:
-            fuse["front"] = self.front.stats()
-        elif self.front_off is not None:
-            fuse["front"] = {"off": self.front_off}
-        if self.versions is not None:
-            fuse["kept"] = self.versions.snapshot()
+        if self.serving is not None:
+            fuse.update(self.serving.stats())
         return {"uptime": time.time() - self.started, "fuse": fuse, **self.view.stats()}
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -500,52 +371,18 @@ class Operations(pyfuse3.Operations):
         ino = self.inodes.assign(node, _source(node, attr, seen))
         self.inodes.ref(ino)
         self._keep_budget()
-        if seen is not None:
-            if self.inodes.version(ino) is not None:
-                self._version_shown(ino, attr, seen)
-            else:
-                attr = self._shown(ino, attr, seen)
+        if seen is not None and self.serving is not None:
+            attr = self.serving.shown(ino, attr, seen)
         return self._entry(ino, attr)
-
-    def _version_shown(self, ino: int, attr: Attr, seen: dict[str, Stat | None]) -> None:
-        """A file `ino` was shown (kernel-served mounts) whose node id names the versions
-        its attributes come from: only they are kept readable, and where its bytes are
-        stored, if its lookup found that."""
-        assert self.versions is not None
-        self.versions.keep(seen)
-        if attr.extent is not None:
-            extents = self._extents
-            extents[ino] = attr.extent
-            if len(extents) > EXTENTS_KEPT:
-                del extents[next(iter(extents))]
 
     async def _recorded(
         self, fn: Callable[..., T], *args: Any
     ) -> tuple[T, dict[str, Stat | None] | None]:
         """`fn(*args)` through `_run`, with the versions of the source it consulted if the
         kernel is to be shown its result (kernel-served mounts), else None."""
-        if self.versions is None:
+        if self.serving is None:
             return await self._run(fn, *args), None
-        storage = self.versions.storage
-
-        def call() -> tuple[T, dict[str, Stat | None]]:
-            with storage.recording() as seen:
-                return fn(*args), seen
-
-        return await self._run(call)
-
-    def _shown(self, ino: int, attr: Attr, seen: dict[str, Stat | None]) -> Attr:
-        """The attributes of file `ino` to give the kernel, recorded as shown; while a pass
-        over the file is under way, those of the version it reads, whatever the source
-        holds now (the kernel would otherwise drop the pass's pages, or cut it)."""
-        assert self.versions is not None
-        if attr.is_dir:
-            return attr
-        live = self._readers.get(ino)
-        if live is not None:
-            return live.reader.attr()
-        self.versions.show(seen, inode=ino, extent=attr.extent)
-        return attr
+        return await self._run(self.serving.recording, fn, *args)
 
     def _keep_budget(self) -> None:
         """Ask the kernel to forget the oldest inodes beyond the table's budget (its
@@ -572,39 +409,16 @@ class Operations(pyfuse3.Operations):
         start = perf_counter_ns()
         try:
             text = name.decode(*_FS_ENCODING)  # as os.fsdecode, with no Python frame
-            prepared = self._leaves.get(parent_inode)
-            if prepared is not None:
-                # A directory of chunk files looked in before (kernel-served mounts): the
-                # chunk's inode number from its index, none of the layers (`view.leaves`).
-                directory, bases = prepared
+            serving = self.serving
+            if serving is not None:
+                # A directory of chunk files looked in before: the chunk's entry with none
+                # of the layers (`KernelServing.lookup_prepared`).
                 try:
-                    try:  # `_run`, inline: one coroutine less per chunk file
-                        found = attempt(directory.entry, text)
-                    except WouldBlock:
-                        found = await self._thread(directory.entry, text)
+                    found = await serving.lookup_prepared(parent_inode, text)
                 except MissingChunk:
                     return self._absent()
-                held = None
                 if found is not None:
-                    attr = found[3]
-                    held = bases.get((attr.shard[0], attr.shard[1].version))  # type: ignore[index]
-                    if held is None or bases[None] != self.inodes.epoch:
-                        held = self._base(bases, found[0], attr.shard)  # type: ignore[arg-type]
-                if held is not None:
-                    _, _, index, attr, seen = found  # type: ignore[misc]
-                    ino = held[0] + index
-                    held[1].refs += 1  # `InodeTable.ref`, inline
-                    self.versions.keep(seen)  # type: ignore[union-attr]  # `_version_shown`, inline
-                    if attr.extent is not None:  # `_version_shown`, inline
-                        extents = self._extents
-                        extents[ino] = attr.extent
-                        if len(extents) > EXTENTS_KEPT:
-                            del extents[next(iter(extents))]
-                    if self.front is not None:  # its other chunk files are the front's
-                        slot = (held[0] >> SHIFT) - 1
-                        self.front.fill(parent_inode, directory, found, held[0], slot)  # type: ignore[arg-type]
-                        self._ask_ahead(parent_inode, directory, found)
-                    return self._entry(ino, attr)
+                    return self._entry(*found)
             parent = self._node(parent_inode)
             if text == ".":
                 node, attr = parent, await self._run(self.view.attr, parent)
@@ -616,11 +430,10 @@ class Operations(pyfuse3.Operations):
                     (node, attr), seen = await self._recorded(self.view.entry, parent, text)
                 except MissingChunk:
                     return self._absent()
-                if seen is not None and node.role is Role.CHUNK:
-                    self._prepared(parent_inode, parent, node)
+                if seen is not None and node.role is Role.CHUNK and serving is not None:
+                    serving.prepare(parent_inode, parent, node)
                     entry = self._reply(node, attr, seen)
-                    if self.front is not None:
-                        self._first_to_front(parent_inode, text)
+                    serving.first_to_front(parent_inode, text)
                     return entry
                 return self._reply(node, attr, seen)
             return self._reply(node, attr)
@@ -629,90 +442,6 @@ class Operations(pyfuse3.Operations):
         finally:
             if self.latency is not None:
                 self.latency.observe("lookup", start)
-
-    def _first_to_front(self, parent_inode: int, name: str) -> None:
-        """After the first lookup in a directory (the long way, which prepared it): its
-        shard's rows to the front, and the next shards' asked for, as later lookups do.
-        Only if the prepared directory answers inline (it just located that shard)."""
-        prepared = self._leaves.get(parent_inode)
-        if prepared is None or self.front is None:
-            return
-        leaf, bases = prepared
-        try:
-            found = attempt(leaf.entry, name)
-        except (WouldBlock, ShardfsError):
-            return
-        if found is None or found[3].shard is None:
-            return
-        held = self._base(bases, found[0], found[3].shard)
-        if held is not None:
-            self.front.fill(parent_inode, leaf, found, held[0], (held[0] >> SHIFT) - 1)
-            self._ask_ahead(parent_inode, leaf, found)
-
-    def _ask_ahead(self, parent_inode: int, leaf: PreparedDirectory, found: Any) -> None:
-        """Have the rows of the next shards of this directory filled in the background
-        (`fill_ahead`): a reader going through it in key order then finds them in the
-        front, not one lookup per shard here. Asked once per (directory, shard)."""
-        for name in leaf.names_ahead(found, SHARDS_AHEAD):
-            asked = (parent_inode, name)
-            if asked in self._asked_ahead:
-                continue
-            if len(self._asked_ahead) >= DIRECTORIES_KEPT * SHARDS_AHEAD:
-                self._asked_ahead.clear()
-            self._asked_ahead.add(asked)
-            try:
-                self._ahead.send_nowait((parent_inode, leaf, name))
-            except trio.WouldBlock:
-                return  # busy: the lookups of those chunks fill them instead
-
-    async def fill_ahead(self) -> None:
-        """Fill the front's rows of the shards `_ask_ahead` named, as a lookup of each
-        would: the shard located (its index read, in a worker thread if it must wait),
-        its version kept, numbered and filled. Runs for the life of the mount."""
-        async for parent_inode, leaf, name in self._ahead_receive:
-            prepared = self._leaves.get(parent_inode)
-            front, versions = self.front, self.versions
-            if front is None or versions is None or prepared is None or prepared[0] is not leaf:
-                continue
-            try:
-                found = await self._run(leaf.entry, name)
-            except ShardfsError:
-                continue  # (missing, or hostile: the lookup of that chunk will say)
-            if found is None or found[3].shard is None:
-                continue
-            held = self._base(prepared[1], found[0], found[3].shard)
-            if held is not None:
-                versions.keep(found[4])
-                front.fill(parent_inode, leaf, found, held[0], (held[0] >> SHIFT) - 1)
-
-    def _base(
-        self, bases: dict[Hashable, Any], array: ArrayView, shard: tuple[str, Stat]
-    ) -> tuple[int, Slot] | None:
-        """The number of chunk 0 of `array` in `shard`'s version, and its slot, memoised in
-        `bases` (one prepared directory's, by the shard's key and version) while the table lets
-        no slot go (`InodeTable.epoch`: a slot let go may be given to another version)."""
-        if bases[None] != self.inodes.epoch or len(bases) > DIRECTORIES_KEPT:
-            bases.clear()
-            bases[None] = self.inodes.epoch
-        base = self.inodes.chunk_base(array, shard)
-        if base is None:
-            return None
-        slot = self.inodes.slot(base)
-        assert slot is not None
-        held = bases[shard[0], shard[1].version] = (base, slot)
-        return held
-
-    def _prepared(self, parent_inode: int, parent: Node, chunk: Node) -> None:
-        """Keep the directory a chunk file was just found in prepared, if its view did, for
-        the lookups of its other chunk files (kernel-served mounts: no chunk renamed)."""
-        leaf = self.view.chunk_directory(parent.path)
-        if leaf is None or leaf.array_key != chunk.array.key:
-            return
-        if len(self._leaves) >= DIRECTORIES_KEPT:
-            self._leaves.clear()
-        self._leaves[parent_inode] = (leaf, {None: self.inodes.epoch})
-        if self.front is not None:
-            self.front.directory(parent_inode, leaf)
 
     def _absent(self) -> pyfuse3.EntryAttributes:
         """A negative entry: the kernel remembers that the name does not exist for as
@@ -728,18 +457,9 @@ class Operations(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         if self.inodes.removed(inode):
             return self._entry(inode, self._open_file_of(inode).attr(), removed=True)
-        slot = self.inodes.version(inode) if self.versions is not None else None
-        if slot is not None:
-            # The node id names one version: its attributes as of that version, never the
-            # source's now (the kernel may apply this reply after a newer one).
-            node = self._node(inode)
-            try:
-                attr = await self._run(self._attr_as_of, node, slot.shown)
-            except ShardfsError as e:
-                raise await self._failed(inode, node.path, e, slot.shown) from None
-            return self._entry(inode, attr)
-        attr, seen = await self._recorded(self.view.attr, self._node(inode))
-        return self._entry(inode, attr if seen is None else self._shown(inode, attr, seen))
+        if self.serving is not None:
+            return self._entry(inode, await self.serving.attr(inode))
+        return self._entry(inode, await self._run(self.view.attr, self._node(inode)))
 
     def _open_file_of(self, inode: int) -> OpenFile:
         """An open file of `inode`, a writable one if there is; ENOENT if none is open."""
@@ -751,13 +471,9 @@ class Operations(pyfuse3.Operations):
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for ino, count in inode_list:
             self.inodes.forget(ino, count)
-            self._extents.pop(ino, None)
             self._opened.pop(ino, None)
-            self._readers.drop(ino)
-            self._drop_listing(ino)
-            if self.versions is not None:
-                self.versions.forget(ino)
-                self._failed_shows.pop(ino, None)
+            if self.serving is not None:
+                self.serving.forget(ino)
 
     @_errors
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
@@ -770,48 +486,20 @@ class Operations(pyfuse3.Operations):
         self._listings[fh] = listing
         return fh
 
-    async def _inode_listing(self, inode: int, start_id: int) -> Listing:
-        """The listing a kernel-served directory is read from: taken afresh when a read
-        starts at 0, so offsets stay stable while the kernel reads on."""
-        listing = self._dir_listings.get(inode) if start_id else None
-        if listing is not None:
-            self._dir_listings.move_to_end(inode)
-        if listing is None:
-            node = self._node(inode)
-            fresh, seen = await self._recorded(self.view.listing, node)
-            if self.versions is not None and seen is not None:
-                shown = self.versions.show(seen, directory=node.path)
-                self._listed.put(node.path, (shown, fresh))
-            self._drop_listing(inode)
-            self._dir_listings.put(inode, fresh)
-            if seen is not None:
-                self._listing_seen[inode] = seen
-            return fresh
-        return listing
-
-    def _listing_gone(self, inode: int, _: Listing) -> None:
-        self._windows.pop(inode, None)
-        self._listing_seen.pop(inode, None)
-
-    def _drop_listing(self, inode: int) -> None:
-        self._dir_listings.drop(inode)
-        self._windows.pop(inode, None)  # a window of a listing dropped before
-
     @_errors
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         # readdirplus: every entry carries its attributes, so one listing fills the
         # kernel's entry and attribute caches (no lookup or getattr per file after it).
-        if self.config.kernel_served:
-            listing = await self._inode_listing(fh, start_id)
+        serving = self.serving
+        if serving is not None:
+            listing, seen = await serving.listing(fh, start_id)
         else:
-            listing = self._listings[fh]
-        seen = self._listing_seen.get(fh) if self.config.kernel_served else None
+            listing, seen = self._listings[fh], None
         for position in range(start_id, len(listing.entries)):
             name, node, attr = listing.entries[position]
             ino = self.inodes.assign(node, _source(node, attr, seen))
-            live = self._readers.get(ino) if self.config.kernel_served else None
-            if live is not None:
-                attr = live.reader.attr()
+            if serving is not None:
+                attr = serving.as_read(ino, attr)
             if not pyfuse3.readdir_reply(
                 token, os.fsencode(name), self._entry(ino, attr), position + 1
             ):
@@ -839,9 +527,8 @@ class Operations(pyfuse3.Operations):
                 or not self.inodes.holds(window.slots)
             ):
                 window = self._windows[fh] = _Window.of(run, row, self.inodes)
-                if self.front is not None and window.inos is not None:  # the reads: the front's
-                    slots = self.inodes.run_slots(run)
-                    self.front.fill_listed(fh, run, window.names, window.start, window.stop, slots)
+                if self.serving is not None and window.inos is not None:  # the front's reads
+                    self.serving.fill_listed(fh, run, window.names, window.start, window.stop)
             i = row - window.start
             stop = min(window.stop - window.start, i + 1024)
             if window.inos is None:  # counted: entries, referenced once sent
@@ -929,151 +616,22 @@ class Operations(pyfuse3.Operations):
         return self._open_file(inode, await self._run(self.writes.open, node, flags))
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        """A read of an open file; on a kernel-served mount, of inode `fh`: there are no
-        opens to pin a version to, so the file is read as of its latest show
-        (`shardfs.view.shown`), the version whose size the kernel holds, until the kernel
-        asks for its attributes again (`cache_timeout`). A reader is kept while a pass
-        over the file is under way and closed at its end. A read that cannot be served
-        as shown fails (`_failed`). (One method for both: a frame less per chunk file.)
-
-        The kernel is never told to drop a file at the end of a pass: a reader that
-        reads on to find the end (Python's `read()`, `cat`) would then be given the new
-        size, and the new version's bytes after the old one's."""
+        """A read of an open file; on a kernel-served mount, of inode `fh`, as of the
+        kernel's latest show of it (`KernelServing.read`). (One handler for both, with
+        `_errors` inline: a coroutine less per chunk file.)"""
         self.requests["read"] += 1  # `_errors`, inline
         if self.debug:
             log.debug("read%r", (fh, off, size))
         start = perf_counter_ns()
         try:
-            if self.versions is None:
+            if self.serving is None:
                 return await self._run(self._handles[fh].read, off, size)
-            inode = fh
-            live = self._readers.get(inode)
-            if live is not None:
-                self._readers.move_to_end(inode)
-            else:
-                node = None
-                slot = self.inodes.version(inode)
-                if slot is not None:
-                    # Its node id names the version to serve (`InodeTable`).
-                    shown = slot.shown
-                    extent = self._extents.get(inode)  # the common case: its lookup's
-                    if extent is None:
-                        node = self._node(inode)
-                        extent = self._listed_extent(node, slot.shard)
-                else:
-                    node = self._node(inode)
-                    directory = node.path.rpartition("/")[0]
-                    shown = self.versions.latest(inode, directory)
-                    extent = self._extent(node, directory, shown)
-                if extent is not None and off + size >= extent.length:
-                    # A read to the end of a file its show located: from the kept version
-                    # at once, with no reader (no pass to keep going, see `_shown`).
-                    if off >= extent.length:
-                        return b""
-                    try:  # `_run`, inline: one coroutine less per chunk file
-                        data = attempt(self.versions.read_kept, extent, off, size)
-                    except WouldBlock:
-                        data = await self._thread(self.versions.read_kept, extent, off, size)
-                    if data is not None:
-                        return data
-                    data = self.view.cached_chunk(extent)  # a store that keeps no versions (S3)
-                    if data is not None:
-                        return data[off : off + size]
-                if node is None:
-                    node = self._node(inode)
-                try:
-                    live = await self._run(self._open_as_of, node, shown)
-                except ShardfsError as e:
-                    raise await self._failed(inode, node.path, e, shown) from None
-                self._readers.put(inode, live)
-            try:
-                data = await live.read(self._run, off, size)
-            except CorruptData:
-                raise  # the reader answers the kernel's retries with it, logged once
-            except ShardfsError as e:
-                self._readers.drop(inode)
-                raise await self._failed(inode, live.path, e, live.shown) from None
-            if off + len(data) >= live.size or not data:
-                self._readers.drop(inode)  # the pass is over: the kernel holds what it read
-            return data
+            return await self.serving.read(fh, off, size)
         except Exception as e:
             raise _fuse_error(self, "read", (fh, off, size), e) from None
         finally:
             if self.latency is not None:
                 self.latency.observe("read", start)
-
-    def _extent(self, node: Node, directory: str, shown: Shown | None) -> Extent | None:
-        """Where the bytes of `node` (an entry of `directory`) are stored as `shown`, the
-        kernel's latest show of it, found them: its lookup's, or its listing's if that
-        listing is among the latest kept."""
-        if shown is None or shown.extent is not None:
-            return None if shown is None else shown.extent
-        listed = self._listed.get(directory)
-        if listed is not None:
-            self._listed.move_to_end(directory)
-        if listed is None or listed[0] is not shown:
-            return None
-        return listed[1].extent(node)
-
-    def _listed_extent(self, node: Node, shard: tuple[str, Stat] | None) -> Extent | None:
-        """Where chunk file `node` is stored, if one of the latest listings of its directory
-        listed it from the very version its node id names (`shard`, and its array's)."""
-        listed = self._listed.get(node.path.rpartition("/")[0])
-        if listed is None or shard is None:
-            return None
-        extent = listed[1].extent(node)
-        if extent is None or extent.key != shard[0] or extent.stat.version != shard[1].version:
-            return None
-        return extent
-
-    def _attr_as_of(self, node: Node, shown: Shown) -> Attr:
-        assert self.versions is not None
-        with self.versions.as_of(shown):
-            return self.view.attr(node)
-
-    def _open_as_of(self, node: Node, shown: Shown | None) -> _Pass:
-        assert self.versions is not None
-        with self.versions.as_of(shown):
-            reader = self.view.open(node)
-        return _Pass(reader, node.path, shown, reader.attr().size)
-
-    async def _failed(
-        self, inode: int, path: str, error: ShardfsError, shown: Shown | None
-    ) -> ShardfsError:
-        """The error to answer for a read that failed. If it failed because a version the
-        kernel was shown is gone, the kernel is told to drop what it holds of the file
-        (once the reply is sent); reads as of that show go on failing until it asks for
-        the file's attributes again, so that no read after it gets a version whose size
-        it does not hold (the kernel itself retries a failed read at once). A chunk
-        file's node id names its version: the kernel is told to drop its name too, so
-        that the next open looks it up and gets the node id of the version there now."""
-        if shown is None or not shown.stats or isinstance(error, CorruptData):
-            return error
-        assert self.versions is not None
-        versioned = self.inodes.version(inode) is not None
-        if isinstance(error, NotFound) and not versioned:  # (MissingChunk is a NotFound)
-            return error
-        if not isinstance(error, NotFound) and not await self._run(self.versions.changed, shown):
-            return error  # the source holds what was shown: a failure of its own
-        # (a node id that names a version: not found means that version is gone, EIO)
-        trio.lowlevel.spawn_system_task(_invalidate, inode)
-        if self.inodes.version(inode) is not None:
-            # Its node id names the version that is gone: the kernel must look the name
-            # up again to learn the one there is now.
-            directory, _, name = path.rpartition("/")
-            parent = self.inodes.inode_of(directory)
-            if parent is not None:
-                pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
-        if self._failed_shows.get(inode) != shown.seq:
-            self._failed_shows[inode] = shown.seq
-            if not error.logged:
-                log.error(
-                    "%s changed after the kernel was given its size; reads fail until the "
-                    "kernel asks for it again (%s)", path, error,
-                )  # fmt: skip
-        failed = StorageError(f"{path}: the version the kernel holds is gone")
-        failed.logged = True
-        return failed
 
     @_errors
     async def write(self, fh: int, off: int, buf: bytes) -> int:

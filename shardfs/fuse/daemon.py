@@ -114,13 +114,14 @@ def serve(
             server.stop()
         lock.release("the mount failed")
         raise
-    if operations.front is not None:
+    serving = operations.serving
+    if serving is not None and serving.front is not None:
         try:
-            operations.front.attach()
+            serving.front.attach()
         except OSError as e:  # (nothing is passed through it yet: pyfuse3 reads the device)
-            operations.without_front(f"it could not start: {e}")
-    if operations.front_off is not None and config.front:  # asked for, and cannot run
-        log.warning("the native front is off: %s", operations.front_off)
+            serving.without_front(f"it could not start: {e}")
+    if serving is not None and serving.front_off is not None and config.front:  # cannot run
+        log.warning("the native front is off: %s", serving.front_off)
     signalled = False
 
     async def main() -> None:
@@ -151,10 +152,10 @@ def serve(
             nursery.start_soon(report_ready)
             nursery.start_soon(watch_signals)
             nursery.start_soon(control.serve, control_path, operations.stats)
-            if operations.versions is not None:
-                nursery.start_soon(_let_go, operations.versions)
-            if operations.front is not None:
-                nursery.start_soon(operations.fill_ahead)
+            if serving is not None:
+                nursery.start_soon(_let_go, serving.versions)
+                if serving.front is not None:
+                    nursery.start_soon(serving.fill_ahead)
             if stats_interval:
                 nursery.start_soon(_log_stats, operations, stats_interval)
             if isinstance(view, Workspace):
@@ -177,11 +178,11 @@ def serve(
             log.info("unmounted %s", mountpoint)
             if server is not None:
                 server.stop()
-            if operations.front is not None:
-                operations.front.stop()
+            if serving is not None and serving.front is not None:
+                serving.front.stop()
             view.settle(SETTLE)
-            if operations.versions is not None:
-                operations.versions.close()
+            if serving is not None:
+                serving.versions.close()
             if isinstance(view, Workspace):
                 notify("STATUS=committing what is still buffered")
                 try:

@@ -24,8 +24,8 @@ import pytest
 import trio
 import zarr
 
-from shardfs.fuse import adapter
 from shardfs.fuse.adapter import WINDOW, MountConfig, Operations
+from shardfs.fuse.kernel_served import serving
 from shardfs.storage import LocalStorage
 from shardfs.view import Namespace
 from shardfs.writeback import Workspace, WriteBuffer
@@ -216,7 +216,7 @@ def test_a_bug_in_a_lookup_or_a_read_is_eio_with_its_traceback(
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(ops.view, "entry", bug)
-    monkeypatch.setattr(ops.versions, "read_kept", bug)
+    monkeypatch.setattr(ops.serving.versions, "read_kept", bug)
     with caplog.at_level(logging.ERROR, logger="shardfs"):
         assert errno_of(lambda: ops.lookup(image, b"zarr.json", None)) == errno.EIO  # type: ignore[arg-type]
         assert errno_of(lambda: ops.read(chunk, 0, 4096)) == errno.EIO
@@ -247,11 +247,11 @@ def test_a_reader_dropped_while_a_thread_reads_it_is_closed_after_that_read(
     """Kernel-served: the read of a file's first half goes to a worker thread (held there);
     meanwhile a pass over another file takes the only place for a reader. The first
     reader is closed once its read is done, not under it: the read gets its bytes."""
-    monkeypatch.setattr(adapter, "INODE_READERS", 1)
+    monkeypatch.setattr(serving, "INODE_READERS", 1)
     ops = operations(source, kernel_served=True)
     entered, gate = threading.Event(), threading.Event()
     held: list[str] = []
-    inline = ops._run
+    inline = ops.serving._run
 
     async def run_call(fn: Callable[..., Any], *args: Any) -> Any:
         if getattr(fn, "__name__", "") != "read" or held:
@@ -265,7 +265,7 @@ def test_a_reader_dropped_while_a_thread_reads_it_is_closed_after_that_read(
 
         return await ops._thread(slow, *args)
 
-    monkeypatch.setattr(ops, "_run", run_call)
+    monkeypatch.setattr(ops.serving, "_run", run_call)
     image = zarr.open_array(source / "image")
     expected = [np.ascontiguousarray(image[0:4, 8 * j : 8 * j + 8]).tobytes() for j in (0, 1)]
 
@@ -304,7 +304,7 @@ def test_a_chunk_file_a_listing_showed_is_read_as_listed_with_no_reader(
     def no_reader(*args: Any) -> None:
         raise AssertionError("a reader was opened")
 
-    monkeypatch.setattr(ops, "_open_as_of", no_reader)
+    monkeypatch.setattr(ops.serving, "_open_as_of", no_reader)
     assert run(lambda: ops.read(ino, 0, 4096)) == expected
 
 
@@ -356,7 +356,7 @@ def test_lookups_in_a_chunk_directory_looked_in_before_answer_as_a_fresh_mount_d
                 assert _answer(primed, parent, name) == expected, (parent, name)
 
     compare()
-    assert primed._leaves  # the prepared way was taken
+    assert primed.serving._leaves  # the prepared way was taken
     image = zarr.open_array(source / "image", mode="r")[:]
     group.create_array(
         "image", shape=(32, 40), dtype="u2", chunks=(4, 8), shards=(8, 40), fill_value=0,

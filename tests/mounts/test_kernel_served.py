@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import zarr
 
-from shardfs.fuse.adapter import INODE_AS_FH, INODE_READERS
+from shardfs.fuse.adapter import INODE_AS_FH
+from shardfs.fuse.kernel_served.serving import INODE_READERS
 from tests.conftest import Mounted
 from tests.mounts.test_stats import stats
 

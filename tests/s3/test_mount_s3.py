@@ -267,7 +267,8 @@ def test_kernel_served_reads_never_mix_or_cut_a_replaced_object(s3: S3Env, mount
     other files are read than the daemon keeps readers, gives the old version whole or
     fails; a chunk stat'ed and then replaced by a longer one fails once (its old version
     is gone), and the next read gives the new version whole."""
-    from shardfs.fuse.adapter import INODE_AS_FH, INODE_READERS
+    from shardfs.fuse.adapter import INODE_AS_FH
+    from shardfs.fuse.kernel_served.serving import INODE_READERS
     from tests.mounts.test_kernel_served import one_pass
 
     if not INODE_AS_FH:
