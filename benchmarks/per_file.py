@@ -13,9 +13,9 @@ measures that floor with handlers that do nothing. This script compares, in one 
                 benchmarks/harness/floors.py), skipped with a message otherwise
   shardfs-ro    `shardfs mount SOURCE MNT -f -o ro`: kernel-served where shardfs
                 and pyfuse3 can (since 9d361f1, with the patched pyfuse3: open and
-                opendir answer ENOSYS, as in floor-noopen)
-  shardfs-ro-front  `-o ro,front=yes`: the same, with the native front answering
-                what it can
+                opendir answer ENOSYS, as in floor-noopen), with the native front
+                answering what it can where it was built (the default)
+  shardfs-ro-python  `-o ro,front=no`: the same, with Python answering everything
   shardfs-ro-open  `-o ro,kernel_cache=no`: read-only with open and release
                 requests (what `ro` was before 9d361f1); skipped, with a
                 message, where shardfs has no such option
@@ -89,7 +89,7 @@ KINDS = (
     "floor",
     "floor-noopen",
     "shardfs-ro",
-    "shardfs-ro-front",
+    "shardfs-ro-python",
     "shardfs-ro-open",
     "shardfs-rw",
     "shardfs-ro-metrics",
@@ -101,7 +101,7 @@ CFLOOR_MODES = {"cfloor": "-m", "cfloor-p": "-p"}
 #: The mount options of each shardfs kind (`debug` is added for the counting run).
 SHARDFS_OPTIONS = {
     "shardfs-ro": ["ro"],
-    "shardfs-ro-front": ["ro", "front=yes"],  # kernel-served, with the native front
+    "shardfs-ro-python": ["ro", "front=no"],  # kernel-served, without the native front
     "shardfs-ro-open": ["ro", "kernel_cache=no"],
     "shardfs-rw": [],
     "shardfs-ro-metrics": ["ro", "metrics=127.0.0.1:{port}"],  # requests timed

@@ -156,11 +156,9 @@ TABLE: tuple[tuple[str, str], ...] = (
         "`front=yes` or `front=no`",
         (
             "kernel-served mounts of local sources: answer the lookups, attributes and reads of "
-            "chunk files in compiled code, Python deciding what it may answer (default `no`: "
-            "readers that look chunk files up by name, such as zarr-python, spend about half the "
-            "daemon CPU with it, but a walk that lists directories and then reads every file, "
-            "such as `tar`, takes about a third longer until it answers listings too; the log "
-            "says when it was asked for and cannot run; see "
+            "chunk files in compiled code, Python deciding what it may answer (default `yes` "
+            "where it was built; where it cannot run, the mount runs without it and the log "
+            "says why; see "
             "[docs/design.md](design.md#the-native-front))"
         ),
     ),
@@ -365,8 +363,8 @@ class MountOptions:
     #: read-only mounts: let the kernel serve re-reads and listings itself (needs the
     #: patched pyfuse3; `kernel_cache=no` keeps open and opendir requests)
     kernel_cache: bool = True
-    #: kernel-served mounts: answer hot requests in the native front (`front=yes`)
-    front: bool = False
+    #: kernel-served mounts: answer hot requests in the native front (`front=no`: never)
+    front: bool = True
     #: read-only mounts: how long the kernel trusts what it caches (entries, attributes,
     #: and with `kernel_cache` pages and listings) before it asks again
     cache_timeout: float = 300.0

@@ -44,8 +44,15 @@ class Mounted:
         stop_mount(self)
 
 
+#: `SHARDFS_TEST_FRONT=no`: the mounts of `start_mount` run without the native front unless
+#: a test asks for it (scripts/check runs the kernel-served tests so, as well as with it).
+WITHOUT_FRONT = os.environ.get("SHARDFS_TEST_FRONT") == "no"
+
+
 def start_mount(source: Path | str, mountpoint: Path, log_path: Path, *options: str) -> Mounted:
     """Mount in the foreground as a child of the test and wait until it answers."""
+    if WITHOUT_FRONT and not any(o.startswith("front=") for o in options):
+        options = (*options, "front=no")
     mountpoint.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "shardfs", "mount", str(source), str(mountpoint), "-f"]
     if options:

@@ -120,8 +120,10 @@ def serve(
             serving.front.attach()
         except OSError as e:  # (nothing is passed through it yet: pyfuse3 reads the device)
             serving.without_front(f"it could not start: {e}")
-    if serving is not None and serving.front_off is not None and config.front:  # cannot run
-        log.warning("the native front is off: %s", serving.front_off)
+    if serving is not None and serving.front_off is not None and config.front:
+        # Not built, or could not start: a warning; a source it cannot serve: as designed.
+        local = operations.view.storage.stat_path("") is not None
+        (log.warning if local else log.info)("the native front is off: %s", serving.front_off)
     signalled = False
 
     async def main() -> None:
