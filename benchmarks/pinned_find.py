@@ -18,7 +18,8 @@ the requests (and on moto, whose every LIST scans the whole bucket, ten times th
 The objects are written by a thread pool of boto3 `put_object` and pinned with `shardfs
 manifest`; moto is started with MOTO_S3_DEFAULT_MAX_KEYS so that the manifest's
 ListObjectVersions, which names no MaxKeys, is one page (moto copies every version of the
-bucket for each page); the mounts' ListObjectsV2 name theirs, 1,000, as S3 allows.
+bucket for each page, so it is asked for one, with a long timeout); the mounts'
+ListObjectsV2 name their MaxKeys, 1,000, as S3 allows.
 
 Per repetition, in rotated order: a fresh `shardfs mount -f -o ro` of the prefix, unpinned
 and pinned, each after the kernel's caches were dropped (needs root); `find MOUNT -type f
@@ -167,7 +168,9 @@ def main() -> int:
             manifest = work / "manifest.json"
             with step("shardfs manifest"):
                 started = time.perf_counter()
-                pin = ["manifest", s3.url("data"), "-o", reach, "--output", str(manifest)]
+                # moto answers the one page of 100,000 versions in a minute or more
+                pin = ["manifest", s3.url("data"), "-o", f"{reach},timeout=1800"]
+                pin += ["--output", str(manifest)]
                 subprocess.run([*SHARDFS, *pin], check=True)
                 pin_seconds = time.perf_counter() - started
             mount = ["mount", s3.url("data"), str(work / "mnt"), "-f", "-o", f"ro,{reach}"]
