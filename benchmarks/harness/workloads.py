@@ -60,6 +60,10 @@ WORKLOADS = {
         "A mount pinned to a DANDI Zarr manifest of {entries} entries: parse, mount, memory",
         "the targets of issue 44: mounted within 10 s, daemon RSS within 256 MiB",
     ),
+    "pinned_find": Workload(
+        "The first `find` of a pinned tree of {objects} objects on moto",
+        "the same tree mounted unpinned (listed by ListObjects); target: pinned no slower",
+    ),
     "s3_read": Workload(
         "Reading a sharded array from S3: a mount against zarr-python's own S3 support",
         "zarr-python 3 reading the same array straight from S3 (obstore)",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -283,6 +284,12 @@ def _opened(location: str, config: S3Config, limit: int) -> Iterator[IO[bytes]]:
             raise UsageError(f"manifest {location}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
+            if isinstance(reason, ssl.SSLCertVerificationError):
+                raise UsageError(
+                    f"manifest {location}: the server's certificate is not trusted: "
+                    f"{reason.verify_message} (the certificate authorities trusted are the "
+                    "system's, or those of SSL_CERT_FILE or SSL_CERT_DIR)"
+                ) from None
             raise UsageError(f"manifest {location}: cannot be fetched: {reason}") from None
         with answer:
             length = answer.headers.get("Content-Length")

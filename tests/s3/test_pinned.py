@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import subprocess
 import sys
 import time
@@ -326,3 +327,86 @@ def test_a_manifest_past_the_bound_is_cut_off_while_read(tmp_path: Path) -> None
     assert stream.read(60) == b"x" * 60
     with pytest.raises(UsageError, match="bigger than 64 bytes"):
         stream.read(60)
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key, and the key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_a_manifest_is_fetched_over_https(
+    versioned: S3Env, mount, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An https:// manifest is fetched with the system's trust (here SSL_CERT_FILE, which the
+    default SSL context reads); a server whose certificate is not trusted is refused in one
+    line naming the URL and the certificate's problem."""
+    import functools
+    import ssl
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    s3 = versioned
+    s3.put("z/zarr.json", b'{"zarr_format": 3, "node_type": "group", "attributes": {"v": 1}}')
+    manifest = json.dumps(spec_manifest(latest(s3, "z")))
+    s3.put("z/zarr.json", b'{"zarr_format": 3, "node_type": "group", "attributes": {"v": 2}}')
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "m.json").write_text(manifest)
+    (tmp_path / "mnt").mkdir()
+    cert, key = self_signed(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "served"))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        https = f"https://127.0.0.1:{server.server_address[1]}/m.json"
+        options = [*s3.mount_options(), f"manifest={https}"]
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)  # the system's trust only
+        line = refused("mount", s3.url("z"), str(tmp_path / "mnt"), "-o", ",".join(options))
+        assert https in line and re.search("certificate is not trusted: self.signed", line), line
+        assert "SSL_CERT_FILE" in line and "Traceback" not in line, line
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        mounted = mount(s3.url("z"), *options)
+        assert json.loads((mounted.path / "zarr.json").read_bytes())["attributes"] == {"v": 1}
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
