@@ -26,13 +26,12 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import numpy as np
 import pyfuse3
-import trio
 
 from shardfs.checksum.digests import ChunkDigests
+from shardfs.fuse.calls import Caller
 from shardfs.fuse.inodes import InodeTable, Slot
 from shardfs.fuse.kernel_served.serving import KernelServing
 from shardfs.fuse.owners import Owners
-from shardfs.primitives.blocking import WouldBlock, attempt
 from shardfs.primitives.errors import (
     AlreadyExists,
     AttributesFixed,
@@ -280,7 +279,9 @@ class Operations(pyfuse3.Operations):
         self.config = config
         self.inodes = InodeTable(view.root(), config.inodes, versioned=config.kernel_served)
         self._timeout = config.cache_timeout  # (a property: asked at every entry)
-        self._limiter = trio.CapacityLimiter(config.workers)
+        caller = Caller(config.workers)
+        #: library calls inline where they need not wait, else in a worker thread
+        self._run, self._thread = caller.run, caller.thread
         self._handles: dict[int, OpenFile] = {}
         #: the inode of each open file, and the open files of each inode: a file that was
         #: unlinked or renamed over is known by these alone (see `InodeTable.removed`)
@@ -297,7 +298,7 @@ class Operations(pyfuse3.Operations):
                 view,
                 self.inodes,
                 self._owners,
-                self._limiter,
+                caller,
                 self._windows,
                 front=config.front,
                 timeout=config.cache_timeout,
@@ -329,21 +330,8 @@ class Operations(pyfuse3.Operations):
             fuse.update(self.serving.stats())
         return {"uptime": time.time() - self.started, "fuse": fuse, **self.view.stats()}
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a core call inline if it needs no waiting I/O, else in a worker thread."""
-        try:
-            return attempt(fn, *args)
-        except WouldBlock:
-            return await self._thread(fn, *args)
-
-    async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
-
     def _node(self, ino: int) -> Node:
-        try:
-            return self.inodes.node(ino)
-        except KeyError:
-            raise NotFound(f"inode {ino}") from None
+        return self.inodes.found(ino)
 
     def _writable(self) -> Writes:
         if self.writes is None:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Hashable
 import numpy as np
 import pyfuse3
 
+from shardfs.primitives.errors import NotFound
 from shardfs.storage.base import Stat
 from shardfs.view import Node, Role
 from shardfs.view.hierarchy import join
@@ -267,6 +268,14 @@ class InodeTable:
                 self._let_go(slot, found)
 
     # -- the table ---------------------------------------------------------------------
+
+    def found(self, ino: int) -> Node:
+        """The node of `ino`; NotFound if it means nothing (any more): a request for an
+        inode the kernel was told to forget."""
+        try:
+            return self.node(ino)
+        except KeyError:
+            raise NotFound(f"inode {ino}") from None
 
     def node(self, ino: int) -> Node:
         """The node of `ino`; KeyError if it means nothing (any more)."""

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
+from shardfs.fuse.calls import Caller
 from shardfs.fuse.inodes import SHIFT, InodeTable, Slot
 from shardfs.fuse.kernel_served.front import NativeFront, unavailable
 from shardfs.fuse.owners import Owners
@@ -143,14 +144,15 @@ class KernelServing:
         view: ViewInterface,
         inodes: InodeTable,
         owners: Owners,
-        limiter: trio.CapacityLimiter,
+        caller: Caller,
         windows: MutableMapping[int, Any],
         front: bool,
         timeout: float,
     ) -> None:
         self.view = view
         self.inodes = inodes
-        self._limiter = limiter
+        #: the adapter's: library calls inline where they need not wait, else in a thread
+        self._run, self._thread = caller.run, caller.thread
         self._windows = windows
         # by inode, since the kernel sends no file handles
         self._readers: _ByInode[int, _Pass] = _ByInode(INODE_READERS, lambda _, p: p.drop())
@@ -207,22 +209,8 @@ class KernelServing:
         figures["kept"] = self.versions.snapshot()
         return figures
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a core call inline if it needs no waiting I/O, else in a worker thread (as
-        `Operations._run`, under the same limiter)."""
-        try:
-            return attempt(fn, *args)
-        except WouldBlock:
-            return await self._thread(fn, *args)
-
-    async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
-
     def _node(self, ino: int) -> Node:
-        try:
-            return self.inodes.node(ino)
-        except KeyError:
-            raise NotFound(f"inode {ino}") from None
+        return self.inodes.found(ino)
 
     def recording(self, fn: Callable[..., T], *args: Any) -> tuple[T, dict[str, Stat | None]]:
         """`fn(*args)`, with the versions of the source it consulted: what the kernel is
