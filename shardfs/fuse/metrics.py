@@ -91,6 +91,12 @@ def _gauge(name: str, doc: str, value: float) -> Metric:
     return GaugeMetricFamily(name, doc, value=value)
 
 
+def _counters(figures: dict[str, Any], table: tuple[tuple[str, str, str], ...]) -> Iterator[Metric]:
+    """An unlabelled counter per row (name, key of `figures`, help) of `table`."""
+    for name, key, doc in table:
+        yield CounterMetricFamily(name, doc, value=figures[key])
+
+
 class StatsCollector(Collector):
     """Every figure of `shardfs stats` as metric families: one `snapshot()` per scrape."""
 
@@ -152,17 +158,11 @@ class StatsCollector(Collector):
             "shardfs_source_requests", "Requests to the source (S3: HTTP requests), by kind",
             ["kind"], source["requests"],
         )  # fmt: skip
-        yield CounterMetricFamily(
-            "shardfs_source_read_bytes", "Bytes read from the source", value=source["bytes_read"]
-        )
-        yield CounterMetricFamily(
-            "shardfs_source_written_bytes",
-            "Bytes written to the source",
-            value=source["bytes_written"],
-        )
-        yield CounterMetricFamily(
-            "shardfs_source_retries", "Requests to the source retried", value=source["retries"]
-        )
+        yield from _counters(source, (
+            ("shardfs_source_read_bytes", "bytes_read", "Bytes read from the source"),
+            ("shardfs_source_written_bytes", "bytes_written", "Bytes written to the source"),
+            ("shardfs_source_retries", "retries", "Requests to the source retried"),
+        ))  # fmt: skip
         yield _counter(
             "shardfs_source_errors",
             "Failed requests to the source, by HTTP status or exception class",
@@ -178,16 +178,11 @@ class StatsCollector(Collector):
             yield _gauge(
                 "shardfs_descriptors_limit", "The most descriptors pins hold", descriptors["limit"]
             )
-            yield CounterMetricFamily(
-                "shardfs_descriptors_evicted",
-                "Descriptors closed for the limit",
-                value=descriptors["evicted"],
-            )
-            yield CounterMetricFamily(
-                "shardfs_descriptors_reopened",
-                "Descriptors closed for the limit and opened again",
-                value=descriptors["reopened"],
-            )
+            yield from _counters(descriptors, (
+                ("shardfs_descriptors_evicted", "evicted", "Descriptors closed for the limit"),
+                ("shardfs_descriptors_reopened", "reopened",
+                 "Descriptors closed for the limit and opened again"),
+            ))  # fmt: skip
 
     @staticmethod
     def _caches(caches: dict[str, dict[str, int]]) -> Iterable[Metric]:
@@ -239,22 +234,12 @@ class StatsCollector(Collector):
 
     @staticmethod
     def _commits(commits: dict[str, int]) -> Iterable[Metric]:
-        yield CounterMetricFamily(
-            "shardfs_commit_appends", "Shard appends committed", value=commits["appends"]
-        )
-        yield CounterMetricFamily(
-            "shardfs_commit_rewrites",
-            "Whole shards or chunk objects committed",
-            value=commits["rewrites"],
-        )
-        yield CounterMetricFamily(
-            "shardfs_commit_chunks", "Chunks stored or deleted by commits", value=commits["chunks"]
-        )
-        yield CounterMetricFamily(
-            "shardfs_commit_bytes",
-            "Bytes of the chunks commits stored",
-            value=commits["chunk_bytes"],
-        )
+        return _counters(commits, (
+            ("shardfs_commit_appends", "appends", "Shard appends committed"),
+            ("shardfs_commit_rewrites", "rewrites", "Whole shards or chunk objects committed"),
+            ("shardfs_commit_chunks", "chunks", "Chunks stored or deleted by commits"),
+            ("shardfs_commit_bytes", "chunk_bytes", "Bytes of the chunks commits stored"),
+        ))  # fmt: skip
 
 
 def _front(front: dict[str, Any]) -> Iterable[Metric]:
