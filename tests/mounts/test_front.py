@@ -147,7 +147,8 @@ STRESS = float(os.environ.get("SHARDFS_FRONT_STRESS_SECONDS", "0"))
 @pytest.mark.skipif(not STRESS, reason="SHARDFS_FRONT_STRESS_SECONDS=N runs it for N seconds")
 @pytest.mark.parametrize("front", ["yes", "no"])
 def test_stress_every_pass_is_one_version(tmp_path: Path, mount: Any, front: str) -> None:
-    """8 threads read whole chunk files (one open-to-EOF pass each) while shards are
+    """8 threads read whole chunk files (one open-to-EOF pass each; half of them list the
+    file's directory first, so that its rows come from the listing) while shards are
     replaced and rewritten by zarr-python, appended to, compacted, and rewritten in place
     underneath: every pass is one version the file had (or a version that existed inside
     one change, which a reader running through the change may see), or EIO."""
@@ -189,6 +190,8 @@ def test_stress_every_pass_is_one_version(tmp_path: Path, mount: Any, front: str
         while time.monotonic() < stop and not bad:
             path = paths[int(rng.integers(len(paths)))]
             try:
+                if seed % 2:
+                    os.listdir((mounted.path / path).parent)
                 data = (mounted.path / path).read_bytes()
             except OSError as e:
                 if e.errno != errno.EIO:
