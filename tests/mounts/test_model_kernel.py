@@ -22,7 +22,7 @@ mechanism gives it.
 
 Each kind is shrunk on its own: once a search fails with some, they are only noted from
 then on and the search runs again with the same seed (it then goes past them), or with
-the next seed once it finds nothing new, until SHARDFS_MODEL_SECONDS (110 s; a search
+the next seed once it finds nothing new, until SHARDFS_MODEL_SECONDS (80 s; a search
 runs at most 30 examples, and shrinks for at most 12 s). The test fails with every kind
 found: the minimal steps, the example's step log, the bytes read and the versions
 allowed. SHARDFS_SOAK_SECONDS=N searches for N seconds with random seeds instead;
@@ -110,10 +110,10 @@ TICK = 0.02
 STEPS = 25
 #: Seconds the searches may start in (a search runs at most 30 examples, so the test
 #: ends within about 40 s more, shrinking included).
-BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS", "110"))
+BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS", "80"))
 #: The seconds of the search without the native front (its rules are those the front's
 #: rows follow, searched with the front on for `BUDGET`).
-WITHOUT_FRONT_BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS_WITHOUT_FRONT", "40"))
+WITHOUT_FRONT_BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS_WITHOUT_FRONT", "30"))
 #: The plain variant's seconds, and examples a search.
 PLAIN_BUDGET, PLAIN_EXAMPLES = 20, 20
 SOAK = float(os.environ.get("SHARDFS_SOAK_SECONDS", "0"))
