@@ -1146,7 +1146,8 @@ static PyMethodDef Front_methods[] = {
      "the front owns from then on (closed at once if refused)."},
     {"fill", (PyCFunction)Front_fill, METH_VARARGS,
      "fill(parent, kept_id, slot, names, nodeids, offsets, lengths, mtime_ns, mode, uid, gid) "
-     "-> rows added."},
+     "-> rows added; named for lookups in parent if it is a prepared directory, else for "
+     "reads by node id only."},
     {"retire", (PyCFunction)Front_retire, METH_O,
      "retire(slot) -> references counted here: taken over (the slot stays) if any, else "
      "the slot's rows are dropped and 0 returned."},
