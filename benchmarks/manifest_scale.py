@@ -21,20 +21,20 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import results
 from benchmarks.harness.daemons import Child
+from benchmarks.harness.moto import moto_run
 from benchmarks.harness.procs import memory
 from benchmarks.harness.results import Result, Spread
 from benchmarks.harness.runs import Interrupts
 from shardfs.checksum.pinned import tree_checksum
 from shardfs.formats.dandi_manifest import parse
 from tests.support.backends import bucket
-from tests.support.s3 import MotoServer, S3Env, configure_environment
+from tests.support.s3 import S3Env
 
 ARRAYS = 10
 #: Shards per directory (`c/<i>/` holds this many `c/<i>/<j>`).
@@ -117,27 +117,17 @@ def main() -> None:
     results.add_option(parser, "manifest_scale")
     args = parser.parse_args()
     interrupts = Interrupts()
-    configure_environment()
     rows = max(1, args.entries // ARRAYS // ROW)
-    with tempfile.TemporaryDirectory(prefix="shardfs-manifest-bench-") as tmp:
-        work = Path(tmp)
-        server = MotoServer(work / "moto.log")
-        with interrupts.deferred():
-            server.start()
+    with (
+        moto_run("shardfs-manifest-bench-", interrupts) as (work, server),
+        bucket(server, "bench") as s3,
+    ):
         try:
-            with bucket(server, "bench") as s3:
-                try:
-                    result = measure(s3, work, rows, args, interrupts)
-                finally:
-                    for page in s3.admin.get_paginator("list_object_versions").paginate(
-                        Bucket=s3.bucket
-                    ):
-                        for v in page.get("Versions", ()):
-                            s3.admin.delete_object(
-                                Bucket=s3.bucket, Key=v["Key"], VersionId=v["VersionId"]
-                            )
+            result = measure(s3, work, rows, args, interrupts)
         finally:
-            server.stop()
+            for page in s3.admin.get_paginator("list_object_versions").paginate(Bucket=s3.bucket):
+                for v in page.get("Versions", ()):
+                    s3.admin.delete_object(Bucket=s3.bucket, Key=v["Key"], VersionId=v["VersionId"])
     result.write(results.results_path(args.results))
 
 

@@ -37,23 +37,22 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import results
 from benchmarks.harness.caches import drop_caches
 from benchmarks.harness.daemons import SHARDFS, Child
+from benchmarks.harness.moto import moto_run
 from benchmarks.harness.procs import memory
 from benchmarks.harness.results import Result, Spread
 from benchmarks.harness.runs import Interrupts, paired, rotated, run, step
 from shardfs.fuse.control import query
-from tests.support.s3 import MotoServer, S3Env, S3Proxy, configure_environment
+from tests.support.s3 import S3Env, S3Proxy
 
 #: Chunk files per directory.
 ROW = 1000
@@ -144,14 +143,9 @@ def main() -> int:
     results.add_option(parser, "pinned_find")
     args = parser.parse_args()
     interrupts = Interrupts()
-    configure_environment()
     shape = grid(args.objects)
-    with tempfile.TemporaryDirectory(prefix="shardfs-pinned-find-") as tmp:
-        work = Path(tmp)
-        server = MotoServer(work / "moto.log")
-        os.environ["MOTO_S3_DEFAULT_MAX_KEYS"] = str(10 * args.objects)  # see the top
-        with interrupts.deferred():
-            server.start()
+    os.environ["MOTO_S3_DEFAULT_MAX_KEYS"] = str(10 * args.objects)  # see the top
+    with moto_run("shardfs-pinned-find-", interrupts) as (work, server):
         # Moto keeps the bucket in memory and dies with the run: it is not emptied after.
         proxy = S3Proxy(server.endpoint)
         try:
@@ -198,8 +192,6 @@ def main() -> int:
             }
         finally:
             proxy.stop()
-            with interrupts.deferred():
-                server.stop()
     report(walks, facts, args).write(results.results_path(args.results))
     return 0
 

@@ -56,7 +56,6 @@ import itertools
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -69,12 +68,13 @@ import zarr
 
 from benchmarks.harness import results
 from benchmarks.harness.daemons import Child
+from benchmarks.harness.moto import moto_run
 from benchmarks.harness.results import Result, Spread
 from benchmarks.harness.runs import Interrupts, paired, run
 from shardfs.fuse.control import query
 from tests.conftest import Mounted, start_mount, stop_mount
 from tests.support.backends import bucket
-from tests.support.s3 import MotoServer, S3Env, S3Proxy, configure_environment
+from tests.support.s3 import S3Env, S3Proxy
 
 CHUNKS = (32, 64, 64)  # 128 KiB of uint8
 CHUNK_BYTES = 32 * 64 * 64
@@ -176,82 +176,70 @@ def main() -> int:
     results.add_option(parser, "s3_read")
     args = parser.parse_args()
     interrupts = Interrupts()
-    configure_environment()
     data = generate(args.size_mib)
-    with tempfile.TemporaryDirectory(prefix="shardfs-s3-bench-") as tmp:
-        work = Path(tmp)
-        server = MotoServer(work / "moto.log")
-        with interrupts.deferred():
-            server.start()
-        try:
-            with bucket(server, "bench") as s3:
-                group = zarr.open_group(s3.zarr_store("data", direct=True), mode="w")
-                array = group.create_array(
-                    "a",
-                    shape=data.shape,
-                    dtype=data.dtype,
-                    chunks=CHUNKS,
-                    shards=SHARDS,
-                    fill_value=0,
-                )
-                array[...] = data
-                stored = sum(size for size, _ in s3.keys("data/").values())
-                local = work / "local"
-                s3.download_tree("data", local)
-                plain = work / "plain"
-                zarr.open_group(plain, mode="w").create_array(
-                    "a", shape=data.shape, dtype=data.dtype, chunks=CHUNKS, fill_value=0
-                )[...] = data
-                url, options = s3.url("data"), s3.mount_options()
-                s3.proxy.delay(args.delay_ms / 1000)
-                caches = {"whole": work / "cache-whole", "chunks": work / "cache-chunks"}
+    with moto_run("shardfs-s3-bench-", interrupts) as (work, server), bucket(server, "bench") as s3:
+        group = zarr.open_group(s3.zarr_store("data", direct=True), mode="w")
+        array = group.create_array(
+            "a",
+            shape=data.shape,
+            dtype=data.dtype,
+            chunks=CHUNKS,
+            shards=SHARDS,
+            fill_value=0,
+        )
+        array[...] = data
+        stored = sum(size for size, _ in s3.keys("data/").values())
+        local = work / "local"
+        s3.download_tree("data", local)
+        plain = work / "plain"
+        zarr.open_group(plain, mode="w").create_array(
+            "a", shape=data.shape, dtype=data.dtype, chunks=CHUNKS, fill_value=0
+        )[...] = data
+        url, options = s3.url("data"), s3.mount_options()
+        s3.proxy.delay(args.delay_ms / 1000)
+        caches = {"whole": work / "cache-whole", "chunks": work / "cache-chunks"}
 
-                def fresh_cache(which: str) -> str:
-                    """The option of a new, empty cache directory: each (g) and (i) is a
-                    first mount, whatever the repetitions before it left."""
-                    shutil.rmtree(caches[which], ignore_errors=True)
-                    return f"cache_dir={caches[which]}"
+        def fresh_cache(which: str) -> str:
+            """The option of a new, empty cache directory: each (g) and (i) is a
+            first mount, whatever the repetitions before it left."""
+            shutil.rmtree(caches[which], ignore_errors=True)
+            return f"cache_dir={caches[which]}"
 
-                def mount(*extra: str, chunks: int | None = None) -> tuple[float, Any]:
-                    return read_through_mount(
-                        url, work, interrupts, *options, *extra, chunks=chunks
-                    )
+        def mount(*extra: str, chunks: int | None = None) -> tuple[float, Any]:
+            return read_through_mount(url, work, interrupts, *options, *extra, chunks=chunks)
 
-                n = args.chunk_reads
-                cases: dict[str, Callable[[], tuple[float, dict[str, Any] | None]]] = {
-                    "a": lambda: mount(),
-                    "b": lambda: read_directly(s3),
-                    "c": lambda: mount("read_cache=0"),
-                    "d": lambda: mount(chunks=n),
-                    "e": lambda: read_directly(s3, chunks=n),
-                    "f": lambda: read_through_mount(str(local), work, interrupts),
-                    "g": lambda: mount(fresh_cache("whole")),
-                    "h": lambda: mount(f"cache_dir={caches['whole']}"),
-                    "i": lambda: mount(fresh_cache("chunks"), chunks=n),
-                    "j": lambda: mount(f"cache_dir={caches['chunks']}", chunks=n),
-                    "k": lambda: read_through_mount(str(local), work, interrupts, chunks=n),
-                    "l": lambda: (read(zarr.open_array(plain / "a", mode="r"), None), None),
-                    "m": lambda: read_through_floor(plain, work, interrupts),
-                }
-                cases = {name: case for name, case in cases.items() if name in args.cases}
-                runs: dict[str, list[Run]] = {name: [] for name in cases}
-                for rep in range(args.repeat):
-                    for name, case in cases.items():
-                        s3.proxy.reset_counts()
-                        seconds, disk = case()
-                        runs[name].append(Run(seconds, requests_by_kind(s3.proxy), disk))
-                    print(
-                        f"repetition {rep + 1}: "
-                        + ", ".join(
-                            f"{name} {r[-1].seconds:.2f} s ({r[-1].requests[DATA]} data GETs)"
-                            for name, r in runs.items()
-                        ),
-                        file=sys.stderr,
-                    )
-                report(runs, data.nbytes, stored, args).write(results.results_path(args.results))
-        finally:
-            with interrupts.deferred():
-                server.stop()
+        n = args.chunk_reads
+        cases: dict[str, Callable[[], tuple[float, dict[str, Any] | None]]] = {
+            "a": lambda: mount(),
+            "b": lambda: read_directly(s3),
+            "c": lambda: mount("read_cache=0"),
+            "d": lambda: mount(chunks=n),
+            "e": lambda: read_directly(s3, chunks=n),
+            "f": lambda: read_through_mount(str(local), work, interrupts),
+            "g": lambda: mount(fresh_cache("whole")),
+            "h": lambda: mount(f"cache_dir={caches['whole']}"),
+            "i": lambda: mount(fresh_cache("chunks"), chunks=n),
+            "j": lambda: mount(f"cache_dir={caches['chunks']}", chunks=n),
+            "k": lambda: read_through_mount(str(local), work, interrupts, chunks=n),
+            "l": lambda: (read(zarr.open_array(plain / "a", mode="r"), None), None),
+            "m": lambda: read_through_floor(plain, work, interrupts),
+        }
+        cases = {name: case for name, case in cases.items() if name in args.cases}
+        runs: dict[str, list[Run]] = {name: [] for name in cases}
+        for rep in range(args.repeat):
+            for name, case in cases.items():
+                s3.proxy.reset_counts()
+                seconds, disk = case()
+                runs[name].append(Run(seconds, requests_by_kind(s3.proxy), disk))
+            print(
+                f"repetition {rep + 1}: "
+                + ", ".join(
+                    f"{name} {r[-1].seconds:.2f} s ({r[-1].requests[DATA]} data GETs)"
+                    for name, r in runs.items()
+                ),
+                file=sys.stderr,
+            )
+        report(runs, data.nbytes, stored, args).write(results.results_path(args.results))
     return 0
 
 
