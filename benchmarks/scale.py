@@ -87,7 +87,7 @@ from benchmarks.harness.daemons import Child, DataDir, DetachedMount, layout
 from benchmarks.harness.data import tree_size
 from benchmarks.harness.data.dandi import DANDI_CHUNK, DANDI_SHARD, DANDI_SIDE, dandi_value
 from benchmarks.harness.machine import code_digest, revision
-from benchmarks.harness.procs import memory
+from benchmarks.harness.procs import cpu, memory
 from benchmarks.harness.results import Result, Spread
 from benchmarks.harness.runs import Interrupts, paired, rotated, run
 from shardfs.storage import LocalStorage
@@ -509,6 +509,8 @@ class Step:
     )
     #: per side: what the command printed (the same every time)
     output: dict[str, str] = field(default_factory=dict)
+    #: per daemon side (mount, floor): its CPU seconds in the COLD run, per repetition
+    cpu: dict[str, list[float]] = field(default_factory=lambda: {"mount": [], "floor": []})
 
 
 def steps(layout: Layout) -> list[Step]:
@@ -546,6 +548,10 @@ class Run:
         """Every step, COLD then WARM, on one side."""
         tops = {"mount": self.dataset.mountpoint, "floor": self.floor.mountpoint}
         top = tops.get(side, self.dataset.plain)
+        pids: dict[str, Callable[[], int | None]] = {
+            "mount": lambda: self.daemon.pid,
+            "floor": lambda: self.floor.pid,
+        }
         tag = f"  rep {rep + 1}/{repeat} {side}"
         rss: dict[str, int] = {}
         if side == "mount":
@@ -563,7 +569,11 @@ class Run:
             for mode in MODES:
                 if mode == "cold":
                     drop_caches()
+                pid = pids[side]() if side in pids and mode == "cold" else None
+                before = cpu(pid) if pid is not None else 0.0
                 elapsed, out = run_shell(step.script.format(dir=top), self.timeout)
+                if pid is not None:
+                    step.cpu[side].append(cpu(pid) - before)
                 if step.output.setdefault(side, out) != out:
                     raise RuntimeError(
                         f"{step.key} on {top} printed {out}, before {step.output[side]}"
@@ -690,6 +700,22 @@ def report(run: Run, repeat: int, result: Result) -> None:
     for what in ("start", *(step.key for step in run.steps)):
         table.row(f"after {what} (VmRSS)", *(round(rss[what] / 1024) for rss in run.rss))
     table.row("**peak** (VmHWM)", *(round(rss["peak"] / 1024) for rss in run.rss))
+    if "floor" in sides:
+        table = result.table(
+            "The daemons' CPU in each COLD step (user + system), median ms of "
+            f"{repeat}; mount/floor per repetition, median (range)",
+            ["step", "mount ms", "floor ms", "mount/floor"],
+        )
+        for step in run.steps:
+            mount, floor = step.cpu["mount"], step.cpu["floor"]
+            if mount and floor:
+                per_rep = [m / f for m, f in zip(mount, floor, strict=False) if f]
+                table.row(
+                    step.label,
+                    round(statistics.median(mount) * 1000),
+                    round(statistics.median(floor) * 1000),
+                    ratio_cell(per_rep, None),
+                )
     peak = max(rss["peak"] for rss in run.rss) / 1024
     verdict = "ok" if peak < RSS_TARGET else "ABOVE"
     result.note(f"peak RSS of the daemon: {peak:.0f} MiB, target < {RSS_TARGET} MiB: {verdict}")

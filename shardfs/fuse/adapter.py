@@ -494,6 +494,8 @@ class Operations(pyfuse3.Operations):
                 self.inodes.drop_unreferenced(ino)
                 return
             self.inodes.ref(ino)
+            if serving is not None:
+                serving.list_ahead(ino, node)
         for position, run, row in listing.chunks(start_id):
             if not self._reply_chunks(fh, token, run, row, position):
                 break
@@ -516,7 +518,10 @@ class Operations(pyfuse3.Operations):
             ):
                 window = self._windows[fh] = _Window.of(run, row, self.inodes)
                 if self.serving is not None and window.inos is not None:  # the front's reads
-                    self.serving.fill_listed(fh, run, window.names, window.start, window.stop)
+                    self.serving.fill_listed(
+                        fh, run, window.names, window.start, window.stop,
+                        position - (row - window.start),
+                    )  # fmt: skip
             i = row - window.start
             stop = min(window.stop - window.start, i + 1024)
             if window.inos is None:  # counted: entries, referenced once sent

@@ -157,7 +157,7 @@ def serve(
             if serving is not None:
                 nursery.start_soon(_let_go, serving.versions)
                 if serving.front is not None:
-                    nursery.start_soon(serving.fill_ahead)
+                    nursery.start_soon(serving.work_ahead)
             if stats_interval:
                 nursery.start_soon(_log_stats, operations, stats_interval)
             if isinstance(view, Workspace):

@@ -245,6 +245,13 @@ class Storage(ABC):
 
     def list(self, key: str) -> list[Entry]:
         """The entries of directory `key`. Raises NotFound or NotADirectory."""
+        seen: dict[str, Stat | None] | None = getattr(_thread, "seen", None)
+        if seen is not None and key not in seen:
+            # the directory as of before its entries are read: a result made from them
+            # is checked against it (a change during or after the read shows as another)
+            found = self._listed_stat(key)
+            if found is not None:
+                seen[key] = found
         entries = self._list(key)
         overlay: _Overlay | None = getattr(_thread, "overlay", None)
         if overlay is not None and overlay.storage is self:
@@ -253,7 +260,6 @@ class Storage(ABC):
                 for entry in entries
                 if (seen_as := _as_seen(overlay.stats, key, entry)) is not None
             ]
-        seen: dict[str, Stat | None] | None = getattr(_thread, "seen", None)
         if seen is not None:
             for entry in entries:
                 seen.setdefault(f"{key}/{entry.name}" if key else entry.name, entry.stat)
@@ -327,6 +333,11 @@ class Storage(ABC):
 
     @abstractmethod
     def _list(self, key: str) -> builtins.list[Entry]: ...
+
+    def _listed_stat(self, key: str) -> Stat | None:
+        """The stat of directory `key` that `recording` notes when it is listed, where a
+        change of its entries changes it (None: not noted; an object store has none)."""
+        return None
 
     @abstractmethod
     def _read(

@@ -295,6 +295,9 @@ class LocalStorage(Storage):
             return None
         return _stat_of(st)
 
+    def _listed_stat(self, key: str) -> Stat | None:
+        return self._stat(key)  # (an entry added, removed or renamed changes its times)
+
     def version(self, key: str) -> Hashable | None:
         st = self._lstat(key)
         return _version(st) if st is not None and stat_mod.S_ISREG(st.st_mode) else None

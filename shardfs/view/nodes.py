@@ -295,10 +295,11 @@ class ChunkRun:
 
     def stored_rows(
         self, names: list[bytes], start: int, stop: int
-    ) -> list[tuple[int, list[bytes], list[int], list[int], list[int]]]:
+    ) -> list[tuple[int, int, list[bytes], list[int], list[int], list[int]]]:
         """Rows [start, stop) (named `names`) per shard that holds some: the shard's index
-        in `shards`, and the rows' names, grid positions (`flat`), offsets and lengths;
-        for a front end that serves them itself. Empty where files are not stored bytes."""
+        in `shards`, the first row's (from `start`), and the rows' names, grid positions
+        (`flat`), offsets and lengths; for a front end that serves them itself. Empty where
+        files are not stored bytes."""
         if not self.array.served_as_stored:
             return []
         extents, shards = self.extents[start:stop], self.shard[start:stop]
@@ -306,7 +307,7 @@ class ChunkRun:
         offsets, lengths = extents[:, 0].tolist(), extents[:, 1].tolist()
         cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(shards)]
         return [
-            (int(shards[a]), names[a:b], flat[a:b], offsets[a:b], lengths[a:b])
+            (int(shards[a]), a, names[a:b], flat[a:b], offsets[a:b], lengths[a:b])
             for a, b in itertools.pairwise(cuts)
             if b > a
         ]

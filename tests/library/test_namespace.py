@@ -479,7 +479,7 @@ def test_rows_for_a_front_end_are_what_lookups_find(
     from_listing: dict[str, tuple[int, str, int, int]] = {}
     for _, run, _ in ns.listing(parent).chunks(0):
         names = [name.encode() for name in run.names()]
-        for k, names_, flat, offsets, lengths in run.stored_rows(names, 0, len(run)):
+        for k, _, names_, flat, offsets, lengths in run.stored_rows(names, 0, len(run)):
             for name, index, offset, length in zip(names_, flat, offsets, lengths, strict=True):
                 from_listing[name.decode()] = (index, run.shards[k][0], offset, length)
     assert from_listing == from_lookups

@@ -217,3 +217,84 @@ def test_stress_every_pass_is_one_version(tmp_path: Path, mount: Any, front: str
     assert not bad, "\n".join(bad[:5])
     assert counts["passes"] > 100 and counts["changes"] > 10, counts
     assert mounted.process.poll() is None and "Traceback" not in mounted.log(), mounted.log()
+
+
+def test_the_front_pages_on_through_a_listing_python_took(source: Path, mount: Any) -> None:
+    """A directory of 1,024 chunk files (4 shards), listed: Python answers the first page
+    and makes the rows ready, the front the pages after it, each entry a reference of the
+    kernel's. The names and node ids are what lookups and reads give, the bytes are
+    Python's; references are counted right: files held open across dropped caches still
+    read, and once closed every slot is let go."""
+    data = np.random.default_rng(5).integers(0, 1 << 16, (4, 4096), dtype="uint16")
+    array = zarr.create_array(
+        source / "w", shape=data.shape, chunks=(4, 4), shards=(4, 1024), dtype="uint16",
+        compressors=None,
+    )  # fmt: skip
+    array[...] = data
+    on, off = mount(source, "ro"), mount(source, "ro", "front=no")
+    listed = {e.name: e.inode() for e in os.scandir(on.path / "w" / "c" / "0")}
+    assert sorted(listed) == sorted(os.listdir(off.path / "w" / "c" / "0"))
+    assert sorted(listed, key=int) == [str(i) for i in range(1024)]
+    front = stats(on.path)["front"]
+    # (a page holds what getdents asked room for, up to the connection's max_pages)
+    assert front["passed on"]["readdirplus"] == 1, front
+    assert front["answered"]["readdirplus"] >= 2, front
+    chunks = on.path / "w" / "c" / "0"
+    for name in ("0", "255", "256", "1023"):
+        assert os.stat(chunks / name).st_ino == listed[name]
+        assert (chunks / name).read_bytes() == (off.path / "w" / "c" / "0" / name).read_bytes()
+    held = {name: os.open(chunks / name, os.O_RDONLY) for name in ("7", "300", "600", "1000")}
+    try:
+        for _ in range(3):
+            drop_caches()  # every entry not held is forgotten
+            time.sleep(0.2)
+        for name, fd in held.items():
+            expect = (off.path / "w" / "c" / "0" / name).read_bytes()
+            assert os.pread(fd, len(expect) + 1, 0) == expect, name
+            assert os.fstat(fd).st_ino == listed[name]
+    finally:
+        for fd in held.values():
+            os.close(fd)
+    deadline = time.monotonic() + 20
+    while stats(on.path)["front"]["slots"] and time.monotonic() < deadline:
+        drop_caches()
+        time.sleep(0.2)
+    after = stats(on.path)["front"]
+    assert after["slots"] == 0 and after["rows"] == 0 and after["listings"] == 0, after
+    assert np.array_equal(zarr.open_array(on.path / "w", mode="r")[...], data)
+
+
+def test_a_listing_made_ahead_is_answered_while_its_shards_hold(source: Path, mount: Any) -> None:
+    """Listing `w/c` shows the kernel the chunk directories `w/c/0` and `w/c/1`, whose
+    listings are then made in the background for the front: the kernel's first read of
+    each is answered there. A shard written by zarr-python after that (new chunk files
+    in `w/c/1`) is seen: the front passes that read to Python, which lists it anew."""
+    data = np.zeros((8, 4096), dtype="uint16")
+    data[:, :2048] = np.random.default_rng(6).integers(1, 1 << 16, (8, 2048), dtype="uint16")
+    array = zarr.create_array(
+        source / "w", shape=data.shape, chunks=(4, 4), shards=(4, 1024), dtype="uint16",
+        compressors=None, fill_value=0,
+    )  # fmt: skip
+    array[...] = data  # chunks 512-1023 of each row all zero: not stored
+    mounted = mount(source, "ro")
+    os.listdir(mounted.path / "w" / "c")
+    deadline = time.monotonic() + 10
+    while stats(mounted.path)["front"]["listings"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    before = stats(mounted.path)["front"]
+    assert before["listings"] == 3, before  # w/c's (Python's reply), w/c/0's and w/c/1's
+
+    first = mounted.path / "w" / "c" / "0"
+    assert sorted(os.listdir(first), key=int) == [str(i) for i in range(512)]
+    after = stats(mounted.path)["front"]
+    assert after["passed on"]["readdirplus"] == before["passed on"]["readdirplus"], after
+    assert (first / "7").read_bytes() == data[0:4, 28:32].tobytes()
+    assert os.stat(first / "511").st_size == 32  # (a listed entry: the kernel's)
+
+    zarr.open_array(source / "w", mode="r+")[4:8, 3000:3004] = 9  # chunk 750: a new shard
+    second = mounted.path / "w" / "c" / "1"
+    assert sorted(os.listdir(second), key=int) == [str(i) for i in [*range(512), 750]]
+    last = stats(mounted.path)["front"]
+    assert last["passed on"]["readdirplus"] > after["passed on"]["readdirplus"], last
+    assert (second / "750").read_bytes() == np.full((4, 4), 9, "uint16").tobytes()
+    assert (second / "3").read_bytes() == data[4:8, 12:16].tobytes()

@@ -371,7 +371,7 @@ class KernelModel(RuleBasedStateMachine):
         for index in held:
             self.open_file(index)
         if listing:
-            self.list_start(False, 1, False)
+            self.list_start(False, 1, False, True)
 
     def teardown(self) -> None:
         """Read the passes left unfinished on to EOF (each is still one pass), close
@@ -436,12 +436,20 @@ class KernelModel(RuleBasedStateMachine):
                 self.read_path(path)
 
     @precondition(lambda self: len(self.listings) < 2)
-    @rule(expired=st.booleans(), calls=CALLS, then_read=st.booleans())
+    @rule(expired=st.booleans(), calls=CALLS, then_read=st.booleans(), parent=st.booleans())
     @step
-    def list_start(self, expired: bool, calls: int, then_read: bool) -> None:
+    def list_start(self, expired: bool, calls: int, then_read: bool, parent: bool) -> None:
         """Open the chunk directory (at most two at once) and pull `calls` getdents64
-        buffers of names (0: all, a whole listing); see `list_more`."""
+        buffers of names (0: all, a whole listing); see `list_more`. `parent`: the array's
+        directory listed first (where it shows the chunk directory to the kernel, the
+        native front is given the chunk directory's listing ahead of its read)."""
         array = self.array
+        if parent:
+            above = self.run.target / self.source.array_dir(array).name
+            try:
+                self.note(f"listed {array}: {sorted(os.listdir(above))}")
+            except OSError as e:
+                return self.error(array, e, "listing")
         try:
             fd = os.open(self.directory(array, expired), os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:

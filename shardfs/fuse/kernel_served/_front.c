@@ -4,7 +4,9 @@
  *
  * A thread that reads /dev/fuse itself and answers, from tables that Python filled, the
  * requests a first read of a chunk file costs: LOOKUP of a chunk file in a prepared
- * directory, GETATTR and READ of a chunk file's node id. It passes every other request,
+ * directory, GETATTR and READ of a chunk file's node id; and the READDIRPLUS requests that
+ * page on through a listing Python took (its chunk files, with the rows Python made ready
+ * for its own reply: the same listing, as Python would answer). It passes every other request,
  * and every one the tables cannot vouch for, to pyfuse3's loop unchanged, one per message
  * of a SOCK_SEQPACKET socket (pyfuse3 patched: patches/pyfuse3-3.5.0-front-channel.patch);
  * replies go to the device from both sides. Python stays the only decider: a row here is
@@ -30,6 +32,7 @@
 #define _GNU_SOURCE
 #include <Python.h>
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/fuse.h>
 #include <pthread.h>
@@ -61,6 +64,10 @@
 /* Prepared directories at most: beyond, all of them are dropped. (Kept versions, each a
    descriptor, are bounded by the caller: `kept_max`.) */
 #define DIRS_MAX 4096
+/* Listings at most, and their positions at most (8 bytes each): beyond, all are dropped
+   (Python keeps fewer: INODE_LISTINGS). */
+#define LISTINGS_MAX 1024
+#define POSITIONS_MAX (1 << 22)
 /* Threads that read what is not in the page cache, and reads waiting for them at most
    (beyond, a read goes to Python); bytes asked to be read ahead in a shard at a miss. */
 #define WORKERS 4
@@ -111,7 +118,32 @@ struct slot {
     struct slot *next;
     uint64_t slot;
     uint64_t refs;
+    uint64_t listed; /* listings that hold rows of it */
     struct row *rows; /* next_in_slot */
+};
+
+/* A listing Python took of a directory (by node id), from the position where its chunk
+   files are: the rows at each position, where Python made them ready (NULL elsewhere:
+   Python answers from there), and the slots of those rows (each counted in its `listed`,
+   and the listing dropped before a slot's rows are freed). */
+struct listing {
+    struct listing *next;
+    uint64_t nodeid;
+    /* Made ahead of the kernel's read (Python's reply did not start it): answered from
+       position 0 too, while each file it was made from is still the version it was (or
+       still absent: `absent`). */
+    int ahead;
+    size_t ndeps;
+    struct dep {
+        char *path;
+        int absent, dir;
+        version_t v;
+    } *deps;
+    uint64_t total;   /* positions in the listing: the end */
+    uint64_t first;   /* the first position of `at` */
+    struct row **at;  /* total - first */
+    struct slot **slots;
+    size_t nslots, slots_size;
 };
 
 struct row {
@@ -238,6 +270,7 @@ static uint64_t dir_key(void *p) { return ((struct dir *)p)->nodeid; }
 static uint64_t slot_key(void *p) { return ((struct slot *)p)->slot; }
 static uint64_t node_key(void *p) { return ((struct row *)p)->nodeid; }
 static uint64_t name_key(void *p) { return ((struct row *)p)->name_hash; }
+static uint64_t listing_key(void *p) { return ((struct listing *)p)->nodeid; }
 
 /* The item of table `t` whose key (as `key` tells) is `k`, or NULL. */
 static void *table_find(table_t *t, uint64_t k, key_fn key)
@@ -256,8 +289,9 @@ static uint64_t name_hash(uint64_t parent, const char *name, size_t len)
     return h;
 }
 
-enum { K_LOOKUP, K_GETATTR, K_READ, K_IOCTL, K_OTHER, KINDS };
-static const char *kind_names[KINDS] = {"lookup", "getattr", "read", "ioctl", "other"};
+enum { K_LOOKUP, K_GETATTR, K_READ, K_READDIRPLUS, K_IOCTL, K_OTHER, KINDS };
+static const char *kind_names[KINDS] = {"lookup", "getattr", "read", "readdirplus", "ioctl",
+                                        "other"};
 /* Requests passed on are counted by opcode (those beyond OPCODES as the last). */
 #define OPCODES 64
 
@@ -299,8 +333,8 @@ typedef struct {
     pthread_t thread;
     int started, running;
     pthread_mutex_t lock;
-    table_t kept, dirs, slots, nodes, names;
-    uint64_t rows;
+    table_t kept, dirs, slots, nodes, names, listings;
+    uint64_t rows, positions;
     size_t kept_max, open_fds;
     uint64_t timeout_s;
     uint32_t timeout_ns;
@@ -324,14 +358,17 @@ static double monotonic(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int same_version(const struct stat *st, const version_t *v)
+/* Whether `st` is version `v` of a regular file, or of a directory if `dir`. */
+static int same_stat(const struct stat *st, const version_t *v, int dir)
 {
     return (uint64_t)st->st_dev == v->dev && (uint64_t)st->st_ino == v->ino
         && (uint64_t)st->st_size == v->size
         && (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec == v->mtime_ns
         && (int64_t)st->st_ctim.tv_sec * 1000000000 + st->st_ctim.tv_nsec == v->ctime_ns
-        && S_ISREG(st->st_mode);
+        && (dir ? S_ISDIR(st->st_mode) : S_ISREG(st->st_mode));
 }
+
+static int same_version(const struct stat *st, const version_t *v) { return same_stat(st, v, 0); }
 
 /* Whether the file at `path` is exactly version `v` now (symlinks are not followed: they
    are not part of a source). */
@@ -392,6 +429,86 @@ static struct kept *kept_by_id(Front *f, uint64_t id)
 static struct slot *slot_by_number(Front *f, uint64_t n)
 {
     return table_find(&f->slots, n, slot_key);
+}
+
+static struct listing *listing_by_node(Front *f, uint64_t nodeid)
+{
+    return table_find(&f->listings, nodeid, listing_key);
+}
+
+static void free_deps(struct dep *deps, size_t n)
+{
+    for (size_t i = 0; deps && i < n; i++)
+        free(deps[i].path);
+    free(deps);
+}
+
+/* Whether every file a listing made ahead was made from is as it was then. */
+static int deps_hold(const struct listing *l)
+{
+    for (size_t i = 0; i < l->ndeps; i++) {
+        const struct dep *d = &l->deps[i];
+        struct stat st;
+        int found = lstat(d->path, &st) == 0;
+        if (d->absent ? found || errno != ENOENT : !found || !same_stat(&st, &d->v, d->dir))
+            return 0;
+    }
+    return 1;
+}
+
+static void drop_listing(Front *f, struct listing *l)
+{
+    for (size_t i = 0; i < l->nslots; i++)
+        l->slots[i]->listed--;
+    free_deps(l->deps, l->ndeps);
+    table_remove(&f->listings, l, listing_key);
+    f->positions -= l->total - l->first;
+    free(l->slots);
+    free(l->at);
+    free(l);
+}
+
+static void drop_all_listings(Front *f)
+{
+    for (size_t i = 0; i < f->listings.size; i++)
+        while (f->listings.buckets[i])
+            drop_listing(f, f->listings.buckets[i]);
+}
+
+/* Drop the listings holding rows of `s` (before its rows are freed). */
+static void unlist_slot(Front *f, struct slot *s)
+{
+    for (size_t i = 0; s->listed && i < f->listings.size; i++) {
+        struct listing *l = f->listings.buckets[i];
+        while (l) {
+            struct listing *next = l->next;
+            for (size_t k = 0; k < l->nslots; k++)
+                if (l->slots[k] == s) {
+                    drop_listing(f, l);
+                    break;
+                }
+            l = next;
+        }
+    }
+}
+
+/* Count `s` as held by `l`: 0, or -1 if out of memory (then the row is not listed). */
+static int list_slot(struct listing *l, struct slot *s)
+{
+    for (size_t k = l->nslots; k-- > 0;)
+        if (l->slots[k] == s)
+            return 0;
+    if (l->nslots == l->slots_size) {
+        size_t size = l->slots_size ? l->slots_size * 2 : 4;
+        struct slot **slots = realloc(l->slots, size * sizeof(*slots));
+        if (!slots)
+            return -1;
+        l->slots = slots;
+        l->slots_size = size;
+    }
+    l->slots[l->nslots++] = s;
+    s->listed++;
+    return 0;
 }
 
 /* Take a row out of the name table (a newer version's row, or its directory, replaces it). */
@@ -618,6 +735,56 @@ static int answer_read(Front *f, struct fuse_in_header *in, size_t n, const stru
     return 1;
 }
 
+/* A page of a listing from `rd->offset` on (a position: the entries before it were sent),
+   as far as Python made rows ready there, each entry a reference of the kernel's to its
+   node id. The end of the listing is an empty page. A read from 0 goes to Python, which
+   takes the listing afresh, unless the listing was made ahead and still holds. */
+static int answer_readdirplus(Front *f, struct fuse_in_header *in, const struct fuse_read_in *rd)
+{
+    struct listing *l = listing_by_node(f, in->nodeid);
+    if (!l || rd->fh != 0 || rd->offset < l->first || rd->offset > l->total)
+        return 0;
+    if (!rd->offset && !(l->ahead && deps_hold(l))) {
+        f->misses[M_CHANGED] += l->ahead;
+        return 0;
+    }
+    size_t size = rd->size < READ_BUFFER ? rd->size : READ_BUFFER, used = 0;
+    uint64_t pos = rd->offset;
+    double now = monotonic();
+    for (; pos < l->total; pos++) {
+        struct row *r = l->at[pos - l->first];
+        if (!r || r->kept->dropped)
+            break; /* Python answers from here */
+        size_t len = FUSE_DIRENT_ALIGN(FUSE_NAME_OFFSET_DIRENTPLUS + r->namelen);
+        if (used + len > size)
+            break;
+        struct fuse_direntplus *e = (struct fuse_direntplus *)(f->reply + used);
+        memset(e, 0, len);
+        e->entry_out = (struct fuse_entry_out){
+            .nodeid = r->nodeid,
+            .entry_valid = f->timeout_s,
+            .attr_valid = f->timeout_s,
+            .entry_valid_nsec = f->timeout_ns,
+            .attr_valid_nsec = f->timeout_ns,
+        };
+        fill_attr(&e->entry_out.attr, r);
+        e->dirent.ino = r->nodeid;
+        e->dirent.off = pos + 1;
+        e->dirent.namelen = r->namelen;
+        e->dirent.type = DT_REG;
+        memcpy(e->dirent.name, r->name, r->namelen);
+        r->slot->refs++; /* before the reply: the kernel holds it from then on */
+        r->kept->shown_at = now;
+        used += len;
+    }
+    if (!used && pos < l->total) {
+        f->misses[M_NO_ROW]++;
+        return 0;
+    }
+    send_reply(f, in->unique, 0, f->reply, used);
+    return 1;
+}
+
 /* Whether the front answered `in` itself; under the tables' lock. */
 static int answer(Front *f, struct fuse_in_header *in, size_t n, int *kind)
 {
@@ -636,6 +803,10 @@ static int answer(Front *f, struct fuse_in_header *in, size_t n, int *kind)
         *kind = K_READ;
         return body_len >= sizeof(struct fuse_read_in)
             && answer_read(f, in, n, (const struct fuse_read_in *)body);
+    case FUSE_READDIRPLUS:
+        *kind = K_READDIRPLUS;
+        return body_len >= sizeof(struct fuse_read_in)
+            && answer_readdirplus(f, in, (const struct fuse_read_in *)body);
     case FUSE_IOCTL:
         /* What libfuse answers for pyfuse3, which implements no ioctl; every open of a
            file by Python's io.open asks one (isatty), and the kernel does not remember. */
@@ -751,6 +922,9 @@ static void Front_dealloc(Front *f)
 {
     /* The thread must have ended (`stop`); a front never started owns only memory. */
     if (!f->started || !f->running) {
+        if (f->listings.buckets)
+            drop_all_listings(f);
+        table_free(&f->listings, NULL);
         table_free(&f->nodes, free);
         table_free(&f->slots, free);
         table_free(&f->dirs, free_dir);
@@ -796,6 +970,7 @@ static int Front_init(Front *f, PyObject *args, PyObject *kwds)
         || table_init(&f->slots, offsetof(struct slot, next))
         || table_init(&f->nodes, offsetof(struct row, next_node))
         || table_init(&f->names, offsetof(struct row, next_name))
+        || table_init(&f->listings, offsetof(struct listing, next))
         || !(f->request = malloc(REQUEST_BUFFER)) || !(f->reply = malloc(READ_BUFFER))) {
         PyErr_NoMemory();
         return -1;
@@ -922,11 +1097,11 @@ static PyObject *Front_keep(Front *f, PyObject *args)
 static PyObject *Front_fill(Front *f, PyObject *args)
 {
     unsigned long long parent, kid, slot, mode, uid, gid;
-    long long mtime;
+    long long mtime, position = -1;
     PyObject *names, *nodeids, *offsets, *lengths;
-    if (!PyArg_ParseTuple(args, "KKKO!O!O!O!LKKK", &parent, &kid, &slot, &PyList_Type, &names,
+    if (!PyArg_ParseTuple(args, "KKKO!O!O!O!LKKK|L", &parent, &kid, &slot, &PyList_Type, &names,
                           &PyList_Type, &nodeids, &PyList_Type, &offsets, &PyList_Type, &lengths,
-                          &mtime, &mode, &uid, &gid))
+                          &mtime, &mode, &uid, &gid, &position))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(names);
     if (PyList_GET_SIZE(nodeids) != n || PyList_GET_SIZE(offsets) != n
@@ -970,14 +1145,22 @@ static PyObject *Front_fill(Front *f, PyObject *args)
     struct dir *d = dir_by_node(f, parent); /* none: rows a listing sent, for reads only */
     struct kept *k = kept_by_id(f, kid);
     struct slot *s = slot_by_number(f, slot);
+    /* the listing these rows are at `position` of, if they are a listing's */
+    struct listing *l = position >= 0 ? listing_by_node(f, parent) : NULL;
+    if (l && ((uint64_t)position < l->first || (uint64_t)(position + n) > l->total))
+        l = NULL;
     Py_ssize_t added = 0;
     if (k && !k->dropped && f->rows + n <= ROWS_MAX) {
         if (!s && (s = calloc(1, sizeof(*s)))) {
             s->slot = slot;
             table_put(&f->slots, s, slot_key);
         }
+        if (l && s && list_slot(l, s) < 0)
+            l = NULL;
         for (Py_ssize_t i = 0; s && i < n; i++) {
             struct row *r = rows[i], *have = row_by_node(f, r->nodeid);
+            if (l)
+                l->at[position + i - l->first] = have ? have : r;
             if (have) { /* filled before: the same version's row, named here now if it was not */
                 if (d && !have->in_names && have->parent == parent)
                     name_row(f, d, have);
@@ -1008,6 +1191,97 @@ fail:
     return NULL;
 }
 
+/* The files and directories a listing made ahead was made from: a list of (path, version
+   or None, whether a directory), or None (a listing Python's reply started). 0, or -1
+   with an exception set. */
+static int parse_deps(PyObject *list, struct dep **deps, size_t *n)
+{
+    *deps = NULL;
+    *n = 0;
+    if (list == Py_None)
+        return 0;
+    if (!PyList_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, "made_from: a list or None");
+        return -1;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(list);
+    *deps = calloc(count ? count : 1, sizeof(**deps));
+    if (!*deps) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++, (*n)++) {
+        PyObject *path, *version;
+        struct dep *d = &(*deps)[i];
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(list, i), "O!Op", &PyBytes_Type, &path, &version,
+                              &d->dir))
+            goto fail;
+        d->absent = version == Py_None;
+        if (!d->absent && (!PyTuple_Check(version) || parse_version(version, &d->v) < 0)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a version: a tuple or None");
+            goto fail;
+        }
+        if (!(d->path = strdup(PyBytes_AS_STRING(path)))) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    free_deps(*deps, *n);
+    *deps = NULL;
+    return -1;
+}
+
+static PyObject *Front_listing(Front *f, PyObject *args)
+{
+    unsigned long long nodeid, total, first;
+    PyObject *made_from = Py_None;
+    if (!PyArg_ParseTuple(args, "KKK|O", &nodeid, &total, &first, &made_from))
+        return NULL;
+    struct dep *deps;
+    size_t ndeps;
+    if (parse_deps(made_from, &deps, &ndeps) < 0)
+        return NULL;
+    struct listing *l = NULL;
+    struct row **at = NULL;
+    if (first <= total && total - first <= POSITIONS_MAX
+        && (at = calloc(total - first ? total - first : 1, sizeof(*at)))
+        && (l = malloc(sizeof(*l))))
+        *l = (struct listing){.nodeid = nodeid, .total = total, .first = first, .at = at,
+                              .ahead = made_from != Py_None, .ndeps = ndeps, .deps = deps};
+    else {
+        free(at);
+        free_deps(deps, ndeps);
+    }
+    pthread_mutex_lock(&f->lock);
+    struct listing *old = listing_by_node(f, nodeid);
+    if (old)
+        drop_listing(f, old);
+    if (l && (f->listings.count >= LISTINGS_MAX || f->positions + (total - first) > POSITIONS_MAX))
+        drop_all_listings(f);
+    if (l) {
+        table_put(&f->listings, l, listing_key);
+        f->positions += total - first;
+    }
+    pthread_mutex_unlock(&f->lock);
+    return PyBool_FromLong(l != NULL);
+}
+
+static PyObject *Front_unlist(Front *f, PyObject *arg)
+{
+    unsigned long long nodeid = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    pthread_mutex_lock(&f->lock);
+    struct listing *l = listing_by_node(f, nodeid);
+    if (l)
+        drop_listing(f, l);
+    pthread_mutex_unlock(&f->lock);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Front_retire(Front *f, PyObject *arg)
 {
     unsigned long long n = PyLong_AsUnsignedLongLong(arg);
@@ -1021,6 +1295,7 @@ static PyObject *Front_retire(Front *f, PyObject *arg)
         refs = s->refs; /* taken over by Python: the slot stays */
         s->refs = 0;
     } else if (s) {
+        unlist_slot(f, s);
         rows = s->rows;
         for (struct row *r = rows; r; r = r->next_in_slot) {
             unname(f, r);
@@ -1089,6 +1364,7 @@ static PyObject *Front_stats(Front *f, PyObject *unused)
     memcpy(passed_n, f->passed, sizeof(passed_n));
     memcpy(miss, f->misses, sizeof(miss));
     uint64_t rows = f->rows, kept = f->open_fds, dirs = f->dirs.count, slots = f->slots.count;
+    uint64_t listings = f->listings.count;
     uint64_t disk = f->disk_reads;
     pthread_mutex_unlock(&f->lock);
     for (int i = 0; i < KINDS - 1; i++) {
@@ -1120,11 +1396,12 @@ static PyObject *Front_stats(Front *f, PyObject *unused)
         if (bad)
             goto done;
     }
-    result = Py_BuildValue("{sOsOsKsOsKsKsKsK}", "answered", answered, "passed on", forwarded,
+    result = Py_BuildValue("{sOsOsKsOsKsKsKsKsK}", "answered", answered, "passed on", forwarded,
                            "read from disk", (unsigned long long)disk,
                            "misses", misses, "rows", (unsigned long long)rows, "versions",
                            (unsigned long long)kept, "directories", (unsigned long long)dirs,
-                           "slots", (unsigned long long)slots);
+                           "slots", (unsigned long long)slots, "listings",
+                           (unsigned long long)listings);
 done:
     Py_XDECREF(answered);
     Py_XDECREF(forwarded);
@@ -1145,9 +1422,16 @@ static PyMethodDef Front_methods[] = {
      "keep(id, fd, path, version) -> bool: a version Python keeps, read through fd, which "
      "the front owns from then on (closed at once if refused)."},
     {"fill", (PyCFunction)Front_fill, METH_VARARGS,
-     "fill(parent, kept_id, slot, names, nodeids, offsets, lengths, mtime_ns, mode, uid, gid) "
-     "-> rows added; named for lookups in parent if it is a prepared directory, else for "
-     "reads by node id only."},
+     "fill(parent, kept_id, slot, names, nodeids, offsets, lengths, mtime_ns, mode, uid, gid"
+     "[, position]) -> rows added; named for lookups in parent if it is a prepared directory, "
+     "else for reads by node id only; at `position` on of parent's listing if given."},
+    {"listing", (PyCFunction)Front_listing, METH_VARARGS,
+     "listing(nodeid, total, first[, made_from]) -> bool: Python took a listing of directory "
+     "nodeid, `total` positions, its chunk files from `first` on (their rows come with "
+     "`fill`'s position); the one before is dropped. Made ahead of the kernel's read if "
+     "made_from, what it was made from [(path, version or None, is a directory)], is given: answered "
+     "from 0 too while they hold. False: refused (too big), Python answers it."},
+    {"unlist", (PyCFunction)Front_unlist, METH_O, "unlist(nodeid): Python dropped its listing."},
     {"retire", (PyCFunction)Front_retire, METH_O,
      "retire(slot) -> references counted here: taken over (the slot stays) if any, else "
      "the slot's rows are dropped and 0 returned."},

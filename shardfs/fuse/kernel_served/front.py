@@ -2,8 +2,8 @@
 native front").
 
 The front (`_front.c`) reads the FUSE device itself and answers the lookups, getattrs and
-reads of chunk files from tables this module fills; every other request reaches pyfuse3's
-loop as before. Python stays the only decider: it fills the rows of one shard version
+reads of chunk files, and the pages of listings after Python's first, from tables this
+module fills; every other request reaches pyfuse3's loop as before. Python stays the only decider: it fills the rows of one shard version
 in one prepared directory after its own lookup there found them (`fill`), with the node
 ids its `InodeTable` gave that version, and a copy of the descriptor it keeps for it
 (`KernelVersions.lend`). Whatever the rows cannot vouch for comes back to Python.
@@ -131,18 +131,54 @@ class NativeFront:
         self._filled.setdefault(slot, set()).add(parent)
         self._filled_count += 1
 
+    def listing(
+        self,
+        parent: int,
+        total: int,
+        first: int,
+        made_from: list[tuple[bytes, Any, bool]] | None = None,
+    ) -> None:
+        """Directory `parent` is listed afresh: `total` positions, its chunk files from
+        `first` on. The front answers the pages of it that `fill_listed` makes rows for;
+        the first too if the listing was made ahead of the kernel's read of it, while the
+        files it was made from are as `made_from` says (`made_from`)."""
+        if self._c is not None:
+            self._c.listing(parent, total, first, made_from)
+
+    def made_from(self, seen: dict[str, Stat | None]) -> list[tuple[bytes, Any, bool]] | None:
+        """What the front checks a listing made ahead by: the files and directories `seen`
+        (a recording of what the listing was made from: the directories as of before
+        they were listed) as (path, version or None if absent, whether a directory); None
+        if one is not local."""
+        found: list[tuple[bytes, Any, bool]] = []
+        for key, stat in seen.items():
+            path = self._storage.stat_path(key)
+            if path is None or (stat is not None and not _is_stat_version(stat.version)):
+                return None
+            if stat is None:
+                found.append((path.encode(), None, False))
+            else:
+                found.append((path.encode(), stat.version, stat.is_dir))
+        return found
+
+    def unlist(self, parent: int) -> None:
+        """Python dropped its listing of `parent`: so does the front."""
+        if self._c is not None:
+            self._c.unlist(parent)
+
     def fill_listed(
         self, parent: int, run: ChunkRun, names: list[bytes], start: int, stop: int,
-        slots: list[tuple[int, Slot]],
+        position: int, slots: list[tuple[int, Slot]],
     ) -> None:  # fmt: skip
-        """Give the front rows [start, stop) of `run` (named `names`), a listing of
-        directory `parent` being sent to the kernel with the node ids `slots` make
-        (`InodeTable.run_slots`): the reads of those files are answered there, and their
-        lookups too once `parent` is a prepared directory."""
+        """Give the front rows [start, stop) of `run` (named `names`), at `position` on of
+        the listing of directory `parent` being sent to the kernel with the node ids
+        `slots` make (`InodeTable.run_slots`): the reads of those files are answered there,
+        the listing's pages from there on, and their lookups too once `parent` is a
+        prepared directory."""
         c = self._c
         if c is None:
             return
-        for k, names_, flat, offsets, lengths in run.stored_rows(names, start, stop):
+        for k, first, names_, flat, offsets, lengths in run.stored_rows(names, start, stop):
             key, stat = run.shards[k]
             ident = self._kept(key, stat)
             if ident is None:
@@ -163,6 +199,7 @@ class NativeFront:
                 mode,
                 uid,
                 gid,
+                position + first,
             )
 
     def _kept(self, key: str, stat: Stat) -> int | None:

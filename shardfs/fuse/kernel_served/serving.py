@@ -14,6 +14,7 @@ readers of passes under way, and the native front with the rows it is given. The
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections import OrderedDict
@@ -34,7 +35,7 @@ from shardfs.storage.base import Stat
 from shardfs.view import Attr, Node
 from shardfs.view.interface import Opened, PreparedDirectory, ViewInterface
 from shardfs.view.leaves import DIRECTORIES_KEPT
-from shardfs.view.nodes import ArrayView, ChunkRun, Extent, Listing
+from shardfs.view.nodes import ArrayView, ChunkRun, Extent, Listing, Role
 from shardfs.view.shown import KernelVersions, Shown
 
 log = logging.getLogger("shardfs")
@@ -52,9 +53,13 @@ INODE_READERS = 256
 #: Listings a kernel-served mount keeps while the kernel reads them, one per directory.
 INODE_LISTINGS = 64
 #: Shards of a chunk directory after the one a lookup found whose rows the native front is
-#: given ahead (see `KernelServing.fill_ahead`), and such fills waiting at most.
+#: given ahead (see `KernelServing.work_ahead`), and such fills and listings waiting at most.
 SHARDS_AHEAD = 8
 AHEAD_QUEUED = 256
+#: Listings of chunk directories the native front is given ahead of the kernel's first read
+#: (see `KernelServing.list_ahead`) at most, and their chunk files at most each.
+LISTINGS_AHEAD = 256
+LISTED_AHEAD_ROWS = 4096
 #: Where the chunk files a kernel-served mount's lookups located are stored (about 200
 #: bytes each), by node id: the read of such a file needs no reader. A node id names one
 #: version (see `InodeTable`), so a location, once known, never goes stale.
@@ -166,10 +171,11 @@ class KernelServing:
         self.versions = KernelVersions(view.storage, timeout)
         #: the native front, attached by the daemon once pyfuse3 has mounted
         self.front = native
-        #: shards whose rows the front is to be given ahead of their lookups (`fill_ahead`)
-        self._ahead, self._ahead_receive = trio.open_memory_channel[
-            tuple[int, PreparedDirectory, str]
-        ](AHEAD_QUEUED)
+        #: what the front is to be given ahead of the kernel's requests (`work_ahead`): the
+        #: rows of shards before their lookups, listings before their reads
+        self._ahead, self._ahead_receive = trio.open_memory_channel[Callable[[], Awaitable[None]]](
+            AHEAD_QUEUED
+        )
         self._asked_ahead: set[tuple[int, str]] = set()
         if native is not None:
             native.versions = self.versions
@@ -179,6 +185,8 @@ class KernelServing:
         self._failed_shows: dict[int, int] = {}
         # a listing's window of prepared rows, and the versions it was made from, go with it
         self._dir_listings: _ByInode[int, Listing] = _ByInode(INODE_LISTINGS, self._listing_gone)
+        #: listings made ahead for the front (`list_ahead`), until the kernel reads them
+        self._listed_ahead: _ByInode[int, Listing] = _ByInode(LISTINGS_AHEAD, self._listing_gone)
         self._listing_seen: dict[int, dict[str, Stat | None]] = {}
         #: the latest listings shown, by directory path, with their shows: where the chunk
         #: files they showed are stored (see `_extent`)
@@ -351,7 +359,7 @@ class KernelServing:
 
     def _ask_ahead(self, parent_inode: int, leaf: PreparedDirectory, found: Any) -> None:
         """Have the rows of the next shards of this directory filled in the background
-        (`fill_ahead`): a reader going through it in key order then finds them in the
+        (`_fill_ahead`): a reader going through it in key order then finds them in the
         front, not one lookup per shard here. Asked once per (directory, shard)."""
         for name in leaf.names_ahead(found, SHARDS_AHEAD):
             asked = (parent_inode, name)
@@ -361,29 +369,39 @@ class KernelServing:
                 self._asked_ahead.clear()
             self._asked_ahead.add(asked)
             try:
-                self._ahead.send_nowait((parent_inode, leaf, name))
+                self._ahead.send_nowait(
+                    functools.partial(self._fill_ahead, parent_inode, leaf, name)
+                )
             except trio.WouldBlock:
                 return  # busy: the lookups of those chunks fill them instead
 
-    async def fill_ahead(self) -> None:
-        """Fill the front's rows of the shards `_ask_ahead` named, as a lookup of each
-        would: the shard located (its index read, in a worker thread if it must wait),
-        its version kept, numbered and filled. Runs for the life of the mount."""
-        async for parent_inode, leaf, name in self._ahead_receive:
-            prepared = self._leaves.get(parent_inode)
-            front = self.front
-            if front is None or prepared is None or prepared[0] is not leaf:
-                continue
+    async def work_ahead(self) -> None:
+        """Do what was asked ahead of the kernel's requests (`_ask_ahead`, `list_ahead`),
+        one at a time, in the background. Runs for the life of the mount."""
+        async for job in self._ahead_receive:
             try:
-                found = await self._run(leaf.entry, name)
-            except ShardfsError:
-                continue  # (missing, or hostile: the lookup of that chunk will say)
-            if found is None or found[3].shard is None:
-                continue
-            held = self._base(prepared[1], found[0], found[3].shard)
-            if held is not None:
-                self.versions.keep(found[4])
-                front.fill(parent_inode, leaf, found, held[0], (held[0] >> SHIFT) - 1)
+                await job()
+            except Exception:  # a defect: what was asked is left to the kernel's requests
+                log.exception("work ahead of the kernel's requests failed")
+
+    async def _fill_ahead(self, parent_inode: int, leaf: PreparedDirectory, name: str) -> None:
+        """Fill the front's rows of the shard of chunk `name`, as a lookup of it would: the
+        shard located (its index read, in a worker thread if it must wait), its version
+        kept, numbered and filled."""
+        prepared = self._leaves.get(parent_inode)
+        front = self.front
+        if front is None or prepared is None or prepared[0] is not leaf:
+            return
+        try:
+            found = await self._run(leaf.entry, name)
+        except ShardfsError:
+            return  # (missing, or hostile: the lookup of that chunk will say)
+        if found is None or found[3].shard is None:
+            return
+        held = self._base(prepared[1], found[0], found[3].shard)
+        if held is not None:
+            self.versions.keep(found[4])
+            front.fill(parent_inode, leaf, found, held[0], (held[0] >> SHIFT) - 1)
 
     def _base(
         self, bases: dict[Hashable, Any], array: ArrayView, shard: tuple[str, Stat]
@@ -414,6 +432,9 @@ class KernelServing:
         if listing is not None:
             self._dir_listings.move_to_end(inode)
             return listing, self._listing_seen.get(inode)
+        listing = self._listed_ahead.get(inode) if start_id else None
+        if listing is not None:  # the front answered its first pages
+            return listing, self._listing_seen.get(inode)
         node = self._node(inode)
         fresh, seen = await self._run(self.recording, self.view.listing, node)
         shown = self.versions.show(seen, directory=node.path)
@@ -421,24 +442,80 @@ class KernelServing:
         self._drop_listing(inode)
         self._dir_listings.put(inode, fresh)
         self._listing_seen[inode] = seen
+        if self.front is not None:  # its pages after this one: the same listing's
+            self.front.listing(inode, len(fresh), len(fresh.entries))
         return fresh, seen
 
     def _listing_gone(self, inode: int, _: Listing) -> None:
         self._windows.pop(inode, None)
         self._listing_seen.pop(inode, None)
+        if self.front is not None:
+            self.front.unlist(inode)
+
+    def list_ahead(self, inode: int, node: Node) -> None:
+        """Directory `node` was just listed to the kernel as `inode`: if it is one of chunk
+        files, have its listing made in the background for the front, which answers the
+        kernel's first read of it from there while the files it was made from are
+        unchanged (`work_ahead`)."""
+        if (
+            self.front is not None
+            and node.role is Role.CHUNK_DIR
+            and inode not in self._listed_ahead
+            and inode not in self._dir_listings
+        ):
+            with contextlib.suppress(trio.WouldBlock):  # busy: Python answers its first read
+                self._ahead.send_nowait(functools.partial(self._list_ahead, inode, node))
+
+    async def _list_ahead(self, inode: int, node: Node) -> None:
+        front = self.front
+        if front is None or inode in self._listed_ahead or inode in self._dir_listings:
+            return
+        try:
+            fresh, seen = await self._run(self.recording, self.view.listing, node)
+        except ShardfsError:
+            return  # (the kernel's read of it will say)
+        made_from = front.made_from(seen)
+        if (
+            made_from is None
+            or fresh.entries
+            or not 0 < len(fresh) <= LISTED_AHEAD_ROWS
+            or not self._still(inode, node)
+            or inode in self._dir_listings
+        ):
+            return
+        shown = self.versions.show(seen, directory=node.path)
+        self._listed.put(node.path, (shown, fresh))
+        self._listed_ahead.put(inode, fresh)
+        self._listing_seen[inode] = seen
+        front.listing(inode, len(fresh), 0, made_from)
+        for position, run, row in fresh.chunks(0):
+            slots = self.inodes.run_slots(run)
+            if slots:
+                names = [name.encode() for name in run.names(row, len(run))]
+                front.fill_listed(inode, run, names, row, len(run), position, slots)
+
+    def _still(self, inode: int, node: Node) -> bool:
+        """Whether `inode` still means `node` (the kernel may have forgotten it meanwhile)."""
+        try:
+            return self.inodes.node(inode).path == node.path
+        except KeyError:
+            return False
 
     def _drop_listing(self, inode: int) -> None:
+        self._listed_ahead.drop(inode)
         self._dir_listings.drop(inode)
         self._windows.pop(inode, None)  # a window of a listing dropped before
 
     def fill_listed(
-        self, inode: int, run: ChunkRun, names: list[bytes], start: int, stop: int
-    ) -> None:
+        self, inode: int, run: ChunkRun, names: list[bytes], start: int, stop: int,
+        position: int,
+    ) -> None:  # fmt: skip
         """Rows [start, stop) of `run`, named `names`, made ready for a reply to a readdir
-        of `inode`: their reads are the native front's."""
+        of `inode`, where row `start` is at `position`: their reads are the native front's,
+        and so are the pages of the listing from there on."""
         if self.front is not None:
             slots = self.inodes.run_slots(run)
-            self.front.fill_listed(inode, run, names, start, stop, slots)
+            self.front.fill_listed(inode, run, names, start, stop, position, slots)
 
     # -- reads ------------------------------------------------------------------------
 
