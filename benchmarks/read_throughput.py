@@ -34,7 +34,7 @@ the large one keeps start-up (the mount's, zarr's) from dominating the ratio.
 Needs root (drop_caches, FUSE).
 
     .venv/bin/python -m benchmarks.read_throughput [--size-mib 512 1024] [--data DIR]
-        [--repeat 5] [--readers 4] [--results PATH] [--cfloor BINARY]
+        [--repeat 5] [--readers 4] [--results PATH] [--cfloor BINARY] [--read-ahead-kb K]
 
 Each size writes its own result, `read_throughput-<size>mib` (`--results` names the
 directory then, where more than one size is given).
@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.harness import results
-from benchmarks.harness.caches import drop_caches
+from benchmarks.harness.caches import drop_caches, set_read_ahead
 from benchmarks.harness.daemons import Child, MountManager
 from benchmarks.harness.data.read import (
     ARRAY,
@@ -177,13 +177,20 @@ class Runner:
     daemon), WARM at once."""
 
     def __init__(
-        self, mounts: MountManager, checker: Checker, rep: str, options: tuple[str, ...] = ()
+        self,
+        mounts: MountManager,
+        checker: Checker,
+        rep: str,
+        options: tuple[str, ...] = (),
+        read_ahead_kb: int | None = None,
     ) -> None:
         self.mounts = mounts
         self.checker = checker
         self.rep = rep
         #: mount options beyond `ro` (`--options`)
         self.options = options
+        #: the mount's read-ahead set after each start (`--read-ahead-kb`), if given
+        self.read_ahead_kb = read_ahead_kb
 
     def time(self, case: Case, mode: str) -> float:
         pid = None
@@ -195,7 +202,9 @@ class Runner:
                 pid = case.daemon.child.pid
         elif mode == "cold":
             if case.mounted:
-                self.mounts.fresh(*self.options)
+                mounted = self.mounts.fresh(*self.options)
+                if self.read_ahead_kb is not None:
+                    set_read_ahead(mounted.path, self.read_ahead_kb)
             else:
                 self.mounts.stop()  # no daemon beside a plain read
                 drop_caches()
@@ -419,7 +428,7 @@ def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) ->
                     Pair(f"{key}/b zarr, C floor / plain copy{along}", plain_case, floor_case)
                 )
         options = tuple(o for o in args.options.split(",") if o)
-        runner = Runner(mounts, Checker(dataset.shape), "", options)
+        runner = Runner(mounts, Checker(dataset.shape), "", options, args.read_ahead_kb)
         measure(pairs, [cases["c"]], args.repeat, runner)
     finally:
         mounts.stop()
@@ -433,6 +442,7 @@ def run_size(size_mib: int, args: argparse.Namespace, interrupts: Interrupts) ->
             "readers": args.readers,
             "options": args.options,
             "cfloor": args.cfloor is not None,
+            "read_ahead_kb": args.read_ahead_kb,
         },
     )
     result.note(summary)
@@ -454,6 +464,12 @@ def main() -> int:
     parser.add_argument("--readers", type=int, default=4, help="threads of the parallel pair")
     parser.add_argument(
         "--options", default="", help="mount options beyond ro, e.g. front=no (comma-separated)"
+    )
+    parser.add_argument(
+        "--read-ahead-kb",
+        type=int,
+        help="the mount's read-ahead (KiB), set after each start: READs up to this size "
+        "(default: the kernel's, 128)",
     )
     parser.add_argument(
         "--results",

@@ -714,7 +714,7 @@ def report(run: Run, repeat: int, result: Result) -> None:
                     step.label,
                     round(statistics.median(mount) * 1000),
                     round(statistics.median(floor) * 1000),
-                    ratio_cell(per_rep, None),
+                    ratio_cell(per_rep, None) if per_rep else "",  # (below a clock tick)
                 )
     peak = max(rss["peak"] for rss in run.rss) / 1024
     verdict = "ok" if peak < RSS_TARGET else "ABOVE"

@@ -13,6 +13,13 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
+def set_read_ahead(mountpoint: Path, kb: int) -> None:
+    """The read-ahead of the FUSE connection serving `mountpoint` (needs root): a READ
+    request is at most this big (up to the connection's max_pages), 128 KiB by default."""
+    dev = os.stat(mountpoint).st_dev
+    Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb").write_text(f"{kb}\n")
+
+
 def cache_drops() -> tuple[int, ...]:
     """How often anyone dropped the page cache or dentries (`drop_caches`) since boot."""
     with open("/proc/vmstat") as f:

@@ -59,7 +59,7 @@ AHEAD_QUEUED = 256
 #: Listings of chunk directories the native front is given ahead of the kernel's first read
 #: (see `KernelServing.list_ahead`) at most, and their chunk files at most each.
 LISTINGS_AHEAD = 256
-LISTED_AHEAD_ROWS = 4096
+LISTED_AHEAD_ROWS = 1024
 #: Where the chunk files a kernel-served mount's lookups located are stored (about 200
 #: bytes each), by node id: the read of such a file needs no reader. A node id names one
 #: version (see `InodeTable`), so a location, once known, never goes stale.
