@@ -9,13 +9,9 @@ import os
 import sys
 import tempfile
 
-from shardfs.checksum.pinned import tree_checksum
 from shardfs.cli.options import Commands, add_option_argument, parse_options_for
-from shardfs.formats.dandi_manifest import format_time, write
 from shardfs.primitives.errors import StorageError, UsageError
 from shardfs.sources import is_local
-from shardfs.storage.pinned import PinnedS3Storage
-from shardfs.storage.s3 import parse_url
 
 #: The `-o` options that mean something here: how to reach S3, and the time to pin.
 OPTIONS = ("endpoint_url", "region", "profile", "anon", "timeout", "as_of")
@@ -41,6 +37,13 @@ def add_parser(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: boto3 and the manifest code would slow every other command's start,
+    # `shardfs mount` included (as shardfs.sources imports them only for S3 sources).
+    from shardfs.checksum.pinned import tree_checksum
+    from shardfs.formats.dandi_manifest import format_time, write
+    from shardfs.storage.pinned import PinnedS3Storage
+    from shardfs.storage.s3 import parse_url
+
     options = parse_options_for(args.options, OPTIONS, "manifest")
     if is_local(args.source):
         raise UsageError(

@@ -22,8 +22,9 @@ mechanism gives it.
 
 Each kind is shrunk on its own: once a search fails with some, they are only noted from
 then on and the search runs again with the same seed (it then goes past them), or with
-the next seed once it finds nothing new, until SHARDFS_MODEL_SECONDS (80 s; a search
-runs at most 30 examples, and shrinks for at most 12 s). The test fails with every kind
+the next seed once it finds nothing new, until SHARDFS_MODEL_SECONDS (60 s; a search
+runs at most 30 examples, the last one only as many as fit in the seconds left at the
+pace so far, and shrinks for at most 12 s). The test fails with every kind
 found: the minimal steps, the example's step log, the bytes read and the versions
 allowed. SHARDFS_SOAK_SECONDS=N searches for N seconds with random seeds instead;
 SHARDFS_MODEL_LOG=FILE appends every violation seen (shrunk or not) to FILE;
@@ -39,6 +40,7 @@ import ctypes
 import errno
 import functools
 import json
+import math
 import os
 import shutil
 import struct
@@ -108,12 +110,12 @@ DIRENT_BUFFER = 1024
 SEED = int(os.environ.get("SHARDFS_MODEL_SEED", "44"))
 TICK = 0.02
 STEPS = 25
-#: Seconds the searches may start in (a search runs at most 30 examples, so the test
-#: ends within about 40 s more, shrinking included).
-BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS", "80"))
+#: Seconds the searches run for (a search is cut to the examples that fit in what is left,
+#: so the test ends about then, or up to SHRINK seconds later where it shrinks a failure).
+BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS", "60"))
 #: The seconds of the search without the native front (its rules are those the front's
 #: rows follow, searched with the front on for `BUDGET`).
-WITHOUT_FRONT_BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS_WITHOUT_FRONT", "30"))
+WITHOUT_FRONT_BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS_WITHOUT_FRONT", "25"))
 #: The plain variant's seconds, and examples a search.
 PLAIN_BUDGET, PLAIN_EXAMPLES = 20, 20
 SOAK = float(os.environ.get("SHARDFS_SOAK_SECONDS", "0"))
@@ -599,12 +601,13 @@ def search(run: Run) -> list[tuple[str, str]]:
     seeds in a soak)."""
     findings: list[tuple[str, str]] = []
     attempt = 0
+    first = time.monotonic()
     while time.monotonic() < run.deadline:
         factory: Callable[[], KernelModel] = lambda: KernelModel(run)  # noqa: E731
         if not SOAK:
             factory = seed(SEED + attempt)(factory)
         config = settings(
-            max_examples=run.per_search,
+            max_examples=examples_that_fit(run, first),
             stateful_step_count=STEPS,
             deadline=None,
             database=None,
@@ -629,6 +632,17 @@ def search(run: Run) -> list[tuple[str, str]]:
         if not new:
             attempt += 1
     return findings
+
+
+def examples_that_fit(run: Run, first: float) -> int:
+    """Examples for the next search: `run.per_search`, or fewer where that many would run
+    past the deadline at the pace of the examples since `first` (a search started near
+    the deadline would otherwise take the whole of one more search)."""
+    now = time.monotonic()
+    if not run.examples:
+        return run.per_search
+    pace = (now - first) / run.examples
+    return max(1, min(run.per_search, math.ceil((run.deadline - now) / pace)))
 
 
 def make_templates(directory: Path) -> None:
