@@ -2,11 +2,13 @@
 native front").
 
 The front (`_front.c`) reads the FUSE device itself and answers the lookups, getattrs and
-reads of chunk files, and the pages of listings after Python's first, from tables this
-module fills; every other request reaches pyfuse3's loop as before. Python stays the only decider: it fills the rows of one shard version
-in one prepared directory after its own lookup there found them (`fill`), with the node
-ids its `InodeTable` gave that version, and a copy of the descriptor it keeps for it
-(`KernelVersions.lend`). Whatever the rows cannot vouch for comes back to Python.
+reads of chunk files, and the pages of listings, from tables this module fills; every other
+request reaches pyfuse3's loop as before. Python stays the only decider: it fills the rows
+of one shard version in one prepared directory after its own lookup there found them
+(`fill`), or as it lists them (`fill_listed`, with their positions in the listing it took:
+`listing`), with the node ids its `InodeTable` gave that version, and a copy of the
+descriptor it keeps for it (`KernelVersions.lend`). Whatever the rows cannot vouch for
+comes back to Python.
 
 Two counts are shared: the kernel's references to a slot (the front's lookups count
 there; `InodeTable.shared` takes them over when Python's own count reaches zero, and
@@ -140,8 +142,8 @@ class NativeFront:
     ) -> None:
         """Directory `parent` is listed afresh: `total` positions, its chunk files from
         `first` on. The front answers the pages of it that `fill_listed` makes rows for;
-        the first too if the listing was made ahead of the kernel's read of it, while the
-        files it was made from are as `made_from` says (`made_from`)."""
+        the first too if the listing was made ahead of the kernel's read of it, while what
+        it was made from is as `made_from` says (see `NativeFront.made_from`)."""
         if self._c is not None:
             self._c.listing(parent, total, first, made_from)
 

@@ -467,6 +467,10 @@ class KernelServing:
                 self._ahead.send_nowait(functools.partial(self._list_ahead, inode, node))
 
     async def _list_ahead(self, inode: int, node: Node) -> None:
+        """Make the listing of `node` as a reply to the kernel's first read of it would
+        (recorded, its versions shown, numbered, its rows filled), and give it to the front
+        with what it was made from; only a directory of chunk files alone, not too big,
+        that the kernel still holds as `inode` and has not read meanwhile."""
         front = self.front
         if front is None or inode in self._listed_ahead or inode in self._dir_listings:
             return
