@@ -58,9 +58,10 @@
 /* A forwarded BATCH_FORGET is cut into messages of at most this many entries: a socket's
    biggest message is its send buffer, which an ordinary user cannot raise past wmem_max. */
 #define FORGETS_PER_MESSAGE 2048
-/* Rows at most (about 120 bytes each with their names): beyond, fills are refused and
-   Python serves the rest. */
-#define ROWS_MAX (1 << 20)
+/* Rows at most (about 150 bytes each with their names and the allocator's share): a fill
+   beyond drops the rows of other slots until a quarter is free (their requests go to
+   Python, which may fill them again); a fill bigger than all is refused. */
+#define ROWS_MAX (1 << 18)
 /* Prepared directories at most: beyond, all of them are dropped. (Kept versions, each a
    descriptor, are bounded by the caller: `kept_max`.) */
 #define DIRS_MAX 4096
@@ -335,6 +336,7 @@ typedef struct {
     pthread_mutex_t lock;
     table_t kept, dirs, slots, nodes, names, listings;
     uint64_t rows, positions;
+    size_t rows_max; /* ROWS_MAX, or fewer (tests) */
     size_t kept_max, open_fds;
     uint64_t timeout_s;
     uint32_t timeout_ns;
@@ -567,6 +569,43 @@ static void release_kept(Front *f, struct kept *k)
     table_remove(&f->kept, k, kept_key);
     free(k->path);
     free(k);
+}
+
+/* Take every row of slot `s` out of the tables (the listings holding any dropped first);
+   the slot stays. Its rows, chained by next_in_slot, are the caller's to free. */
+static struct row *unlink_rows(Front *f, struct slot *s)
+{
+    unlist_slot(f, s);
+    struct row *rows = s->rows;
+    for (struct row *r = rows; r; r = r->next_in_slot) {
+        unname(f, r);
+        undir(f, r);
+        table_remove(&f->nodes, r, node_key);
+        f->rows--;
+        release_kept(f, r->kept);
+    }
+    s->rows = NULL;
+    return rows;
+}
+
+static void free_rows(struct row *rows)
+{
+    while (rows) {
+        struct row *next = rows->next_in_slot;
+        free(rows);
+        rows = next;
+    }
+}
+
+/* Room for `n` rows more: the rows of slots other than `keep` dropped until at most three
+   quarters of the front's `rows_max` are left (the kernel's references stay counted in
+   their slots). */
+static void make_room(Front *f, struct slot *keep, size_t n)
+{
+    for (size_t i = 0; i < f->slots.size && f->rows + n > f->rows_max / 4 * 3; i++)
+        for (struct slot *s = f->slots.buckets[i]; s; s = s->next)
+            if (s != keep && s->rows)
+                free_rows(unlink_rows(f, s));
 }
 
 /* -- answering ------------------------------------------------------------------------ */
@@ -946,13 +985,19 @@ static void Front_dealloc(Front *f)
 
 static int Front_init(Front *f, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"device", "timeout", "kept_max", NULL};
+    static char *kw[] = {"device", "timeout", "kept_max", "rows_max", NULL};
     int device;
     double timeout;
-    Py_ssize_t kept_max;
+    Py_ssize_t kept_max, rows_max = ROWS_MAX;
     f->dev = f->ours = f->theirs = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "idn", kw, &device, &timeout, &kept_max))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "idn|n", kw, &device, &timeout, &kept_max,
+                                     &rows_max))
         return -1;
+    if (rows_max < 4 || rows_max > ROWS_MAX) {
+        PyErr_SetString(PyExc_ValueError, "rows_max out of range");
+        return -1;
+    }
+    f->rows_max = rows_max;
     if (kept_max < 0) {
         PyErr_SetString(PyExc_ValueError, "kept_max < 0");
         return -1;
@@ -1145,16 +1190,18 @@ static PyObject *Front_fill(Front *f, PyObject *args)
     struct dir *d = dir_by_node(f, parent); /* none: rows a listing sent, for reads only */
     struct kept *k = kept_by_id(f, kid);
     struct slot *s = slot_by_number(f, slot);
-    /* the listing these rows are at `position` of, if they are a listing's */
-    struct listing *l = position >= 0 ? listing_by_node(f, parent) : NULL;
-    if (l && ((uint64_t)position < l->first || (uint64_t)(position + n) > l->total))
-        l = NULL;
     Py_ssize_t added = 0;
-    if (k && !k->dropped && f->rows + n <= ROWS_MAX) {
+    if (k && !k->dropped && (size_t)n <= f->rows_max) {
         if (!s && (s = calloc(1, sizeof(*s)))) {
             s->slot = slot;
             table_put(&f->slots, s, slot_key);
         }
+        if (f->rows + n > f->rows_max)
+            make_room(f, s, n); /* (may drop listings: the one below is found after) */
+        /* the listing these rows are at `position` of, if they are a listing's */
+        struct listing *l = position >= 0 ? listing_by_node(f, parent) : NULL;
+        if (l && ((uint64_t)position < l->first || (uint64_t)(position + n) > l->total))
+            l = NULL;
         if (l && s && list_slot(l, s) < 0)
             l = NULL;
         for (Py_ssize_t i = 0; s && i < n; i++) {
@@ -1295,24 +1342,12 @@ static PyObject *Front_retire(Front *f, PyObject *arg)
         refs = s->refs; /* taken over by Python: the slot stays */
         s->refs = 0;
     } else if (s) {
-        unlist_slot(f, s);
-        rows = s->rows;
-        for (struct row *r = rows; r; r = r->next_in_slot) {
-            unname(f, r);
-            undir(f, r);
-            table_remove(&f->nodes, r, node_key);
-            f->rows--;
-            release_kept(f, r->kept);
-        }
+        rows = unlink_rows(f, s);
         table_remove(&f->slots, s, slot_key);
         free(s);
     }
     pthread_mutex_unlock(&f->lock);
-    while (rows) {
-        struct row *next = rows->next_in_slot;
-        free(rows);
-        rows = next;
-    }
+    free_rows(rows); /* outside the lock */
     return PyLong_FromUnsignedLongLong(refs);
 }
 
