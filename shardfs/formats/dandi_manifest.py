@@ -1,4 +1,4 @@
-"""DANDI Zarr manifests: one version of every object of a Zarr, as a tree of tables. Pure.
+"""DANDI Zarr manifests: one version of every object of a Zarr, as a table of rows. Pure.
 
 A manifest (dandi-archive's `doc/design/zarr-manifests.md`) is a JSON object with
 `fields` (the names of the values each entry gives, recommended `["versionId",
@@ -8,18 +8,25 @@ leaves are arrays of those fields, one per object. The published ones also carry
 `schemaVersion: 2`.
 
 DANDI Zarrs hold up to about a million entries, so a manifest may be 100 MB of JSON.
-`parse` reads it streaming (ijson's events, C backend) into one `Table` per directory:
-its names sorted in one blob, sizes and mtimes in `array`s, ETags as 16-byte digests and
-version ids in one blob, never a Python object per entry. `TreeBuilder` makes the same
-tables from a listing (`-o as_of`, `shardfs manifest`), and `write` writes a tree back as
-a manifest.
+`parse` reads it streaming (ijson's events, C backend) into one `Table` of rows, each
+directory's rows one after another once it is whole: names in one blob, sizes and
+mtimes in `array`s, ETags as 16-byte digests and version ids in blobs, and for a
+subdirectory the number of its rows. Neither an entry nor a directory costs a Python
+object or its path: only the directories on the way down are open. `TreeBuilder` makes
+the same table from a listing (`-o as_of`, `shardfs manifest`), and `write` writes a tree
+back as a manifest.
 
-Keys are refused that no path could hold or that could reach outside the Zarr's
-prefix: `.`, `..`, empty names, names with `/`, `\\` or NUL, names longer than NAME_MAX.
+What a manifest could make big is bounded as it is read, before the memory is spent:
+entries and directories (MAX_ENTRIES), the depth of directories (MAX_DEPTH), the bytes of
+a path (MAX_PATH), an entry's strings (MAX_STRING), and the values `fields`, `statistics`
+and `schemaVersion` decode to (MAX_VALUE_ITEMS, MAX_VALUE_DEPTH). Keys are refused that
+no path could hold or that could reach outside the Zarr's prefix: `.`, `..`, empty names,
+names with `/`, `\\` or NUL, names longer than NAME_MAX.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 from array import array
@@ -38,13 +45,27 @@ SCHEMA_VERSION = 2
 RECOMMENDED_FIELDS = ("versionId", "lastModified", "size", "ETag")
 #: What an entry must give for a mount to read its object and check it.
 REQUIRED_FIELDS = frozenset({"versionId", "size", "ETag"})
-#: The most entries a manifest may have: about 70 bytes of tables each (so at most about
-#: 350 MB), five times the biggest DANDI Zarrs.
+#: The most entries a tree may have, files and directories together: about 75 bytes of
+#: tables each (so at most about 375 MB), five times the biggest DANDI Zarrs.
 MAX_ENTRIES = 5_000_000
+#: The deepest a directory may lie below the root, in levels (DANDI's Zarrs nest a few:
+#: groups, arrays, one level per axis of nested chunk keys).
+MAX_DEPTH = 128
+#: The longest path below the prefix, in bytes: S3's longest key, so no object has more.
+MAX_PATH = 1024
+#: The longest version id or ETag of an entry, and string in `fields` or `statistics`, in
+#: characters (S3's version ids have at most 1,024 bytes, its ETags a few dozen).
+MAX_STRING = 1024
+#: What `fields`, `statistics` or `schemaVersion` may decode to: this many items (keys,
+#: strings, numbers, arrays and objects each count one), nested this many levels deep.
+MAX_VALUE_ITEMS = 1000
+MAX_VALUE_DEPTH = 16
 #: The longest file name Linux takes (NAME_MAX), in bytes.
 NAME_MAX = 255
-#: A directory in a table's `sizes`.
+#: A row of a subdirectory holds `DIRECTORY - d` in `sizes`, `d` its number.
 DIRECTORY = -1
+#: Sizes are below this (`sizes` holds signed 64-bit numbers).
+_SIZE_END = 1 << 63
 _NO_DIGEST = bytes(16)
 #: Names `bad_name` refuses, and the characters it refuses in names.
 _ODD = frozenset({"", ".", ".."})
@@ -88,118 +109,186 @@ def bad_name(name: str) -> str | None:
     return None
 
 
+def _too_long(length: int) -> str:
+    return f"a path of {length} bytes, longer than the {MAX_PATH} of S3's longest key"
+
+
+def _too_deep(depth: int) -> str:
+    return f"a directory {depth} levels deep, deeper than the {MAX_DEPTH} a tree may have"
+
+
 @dataclass(eq=False, slots=True)
 class Table:
-    """The entries of one directory, sorted by name (UTF-8 bytes, which is code point order).
+    """The rows of a pinned tree: each directory's entries one after another, sorted by
+    name (UTF-8 bytes, which is code point order).
 
-    Entry `i` is named `names[name_at[i]:name_at[i + 1]]`; `sizes[i]` is DIRECTORY for a
-    subdirectory; its ETag is `etags[16 * i:16 * i + 16]` unless `odd_etags` holds it (a
-    multipart upload's `md5-N`); its version id `versions[version_at[i]:version_at[i + 1]]`.
+    Row `i` is named `names[name_at[i]:name_at[i + 1]]`; `sizes[i]` is an object's size,
+    or `DIRECTORY - d` for subdirectory `d` (see `PinnedTree.first`); its ETag is
+    `etags[16 * i:16 * i + 16]`, unless `i` is the `k`th of `odd_rows` (an ETag that is
+    no md5 hex, as a multipart upload's `md5-N`): then `odd_text[odd_at[k]:odd_at[k + 1]]`;
+    its version id `versions[version_at[i]:version_at[i + 1]]`.
     """
 
-    names: bytes
+    names: bytearray
     name_at: array[int]
     sizes: array[int]
     mtimes: array[int]
-    etags: bytes
-    versions: bytes
+    etags: bytearray
+    versions: bytearray
     version_at: array[int]
-    odd_etags: dict[int, str] | None
+    odd_rows: array[int]
+    odd_at: array[int]
+    odd_text: bytearray
 
     def __len__(self) -> int:
         return len(self.sizes)
 
-    def name(self, i: int) -> bytes:
+    def name(self, i: int) -> bytearray:
         return self.names[self.name_at[i] : self.name_at[i + 1]]
 
-    def find(self, name: bytes) -> int:
-        """The index of entry `name`, or -1."""
-        lo, hi = 0, len(self.sizes)
-        names, at = self.names, self.name_at
+    def find(self, name: bytes, lo: int, hi: int) -> int:
+        """The row named `name` among rows `lo` to `hi`, or -1."""
+        names, at, end = self.names, self.name_at, hi
         while lo < hi:
             mid = (lo + hi) // 2
             if names[at[mid] : at[mid + 1]] < name:
                 lo = mid + 1
             else:
                 hi = mid
-        return lo if lo < len(self.sizes) and names[at[lo] : at[lo + 1]] == name else -1
+        return lo if lo < end and names[at[lo] : at[lo + 1]] == name else -1
+
+    def subdirectory(self, i: int) -> int:
+        """The number of the directory row `i` is, or -1 if it is an object."""
+        size = self.sizes[i]
+        return DIRECTORY - size if size < 0 else -1
 
     def etag(self, i: int) -> str:
-        if self.odd_etags is not None and i in self.odd_etags:
-            return self.odd_etags[i]
+        odd = self.odd_rows
+        if odd:
+            k = bisect.bisect_left(odd, i)
+            if k < len(odd) and odd[k] == i:
+                return self.odd_text[self.odd_at[k] : self.odd_at[k + 1]].decode()
         return self.etags[16 * i : 16 * i + 16].hex()
 
     def row(self, i: int) -> Row:
         name = self.name(i).decode("utf-8", "surrogatepass")
         size = self.sizes[i]
-        if size == DIRECTORY:
+        if size < 0:
             return Row(name, True, 0, self.mtimes[i], None)
         version_id = self.versions[self.version_at[i] : self.version_at[i + 1]].decode()
         version = PinnedVersion(version_id, self.etag(i), size)
         return Row(name, False, size, self.mtimes[i], version)
 
-    def rows(self) -> Iterator[Row]:
-        return map(self.row, range(len(self.sizes)))
-
     def cost(self) -> int:
         """Bytes the table holds (what memory bounds are about)."""
-        arrays = (self.name_at, self.sizes, self.mtimes, self.version_at)
-        return (
-            len(self.names)
-            + len(self.etags)
-            + len(self.versions)
-            + sum(a.itemsize * len(a) for a in arrays)
-        )
+        arrays = (self.name_at, self.sizes, self.mtimes, self.version_at, self.odd_rows,
+                  self.odd_at)  # fmt: skip
+        blobs = (self.names, self.etags, self.versions, self.odd_text)
+        return sum(map(len, blobs)) + sum(a.itemsize * len(a) for a in arrays)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class Directory:
+    """One directory of a pinned tree: rows `start` to `end` of `table`."""
+
+    table: Table
+    start: int
+    end: int
+
+    def find(self, name: bytes) -> int:
+        """The row of entry `name`, or -1."""
+        return self.table.find(name, self.start, self.end)
+
+    def rows(self) -> Iterator[Row]:
+        return map(self.table.row, range(self.start, self.end))
+
+
+@dataclass(eq=False)
 class PinnedTree:
-    """Every directory of a pinned Zarr, by path below the prefix ("" the root)."""
+    """Every directory of a pinned Zarr: directory `d`'s entries are rows `first[d]` to
+    `first[d + 1]` of `table`; the root ("" below the prefix) is the last."""
 
-    directories: dict[str, Table]
+    table: Table
+    first: array[int]
     #: The `statistics` the manifest gave (empty for a tree made from a listing).
     statistics: dict[str, Any] = field(default_factory=dict)
+    #: Objects, and directories below the root.
     entries: int = 0
+    directories: int = 0
     total_size: int = 0
     depth: int = 0
     #: The newest mtime of an entry, in seconds (0 without entries).
     last_modified: int = 0
+    #: The directory last asked for, by path: the next lookup is most often beside it.
+    _recent: tuple[str, Directory | None] = field(default=("\0", None), init=False, repr=False)
+
+    def _directory(self, number: int) -> Directory:
+        return Directory(self.table, self.first[number], self.first[number + 1])
+
+    def directory(self, key: str) -> Directory | None:
+        """Directory `key` ("" the root), or None where there is none (nothing, or an
+        object). One binary search per level, none for the directory last asked for."""
+        recent = self._recent
+        if recent[0] == key:
+            return recent[1]
+        found = self._walk(key)
+        self._recent = (key, found)
+        return found
+
+    def _walk(self, key: str) -> Directory | None:
+        found = self._directory(len(self.first) - 2)
+        for part in key.split("/") if key else ():
+            i = found.find(part.encode("utf-8", "surrogatepass"))
+            number = -1 if i < 0 else self.table.subdirectory(i)
+            if number < 0:
+                return None
+            found = self._directory(number)
+        return found
 
     def lookup(self, key: str) -> Row | None:
         """The entry at `key` ("" is the root directory), or None."""
         if not key:
             return Row("", True, 0, self.last_modified, None)
         parent, _, name = key.rpartition("/")
-        table = self.directories.get(parent)
-        if table is None:
+        directory = self.directory(parent)
+        if directory is None:
             return None
-        i = table.find(name.encode("utf-8", "surrogatepass"))
-        return None if i < 0 else table.row(i)
+        i = directory.find(name.encode("utf-8", "surrogatepass"))
+        return None if i < 0 else self.table.row(i)
 
-    def files(self) -> Iterator[tuple[str, Table]]:
-        """Every directory with its table, depth first (each subtree whole before the next):
-        the order DANDI's checksum folds them in."""
-        pending = [""]
-        while pending:
-            path = pending.pop()
-            table = self.directories[path]
-            yield path, table
-            for i in reversed(range(len(table))):
-                if table.sizes[i] == DIRECTORY:
-                    name = table.name(i).decode("utf-8", "surrogatepass")
-                    pending.append(f"{path}/{name}" if path else name)
+    def files(self) -> Iterator[tuple[str, Directory]]:
+        """Every directory with its rows, depth first (each subtree whole before the next):
+        the order DANDI's checksum folds them in. Holds the directories on the way down."""
+        table = self.table
+        root = self._directory(len(self.first) - 2)
+        yield "", root
+        down = [("", iter(range(root.start, root.end)))]
+        while down:
+            path, rows = down[-1]
+            for i in rows:
+                number = table.subdirectory(i)
+                if number >= 0:
+                    below = _join(path, table.name(i).decode("utf-8", "surrogatepass"))
+                    directory = self._directory(number)
+                    yield below, directory
+                    down.append((below, iter(range(directory.start, directory.end))))
+                    break
+            else:
+                down.pop()
 
     def cost(self) -> int:
-        return sum(table.cost() for table in self.directories.values())
+        return self.table.cost() + self.first.itemsize * len(self.first)
 
 
-class _Open:
-    """A table being filled, in the order entries come."""
+class _Rows:
+    """Rows being gathered: an open directory's, in the order they come (with its name,
+    its row in its parent's and the bytes of its path), or a tree's closed directories'."""
 
-    __slots__ = ("etags", "last", "mtimes", "name_at", "names", "odd", "order", "sizes",
-                 "version_at", "versions")  # fmt: skip
+    __slots__ = ("etags", "last", "length", "mtimes", "name", "name_at", "names", "odd_at",
+                 "odd_rows", "odd_text", "order", "row", "sizes", "version_at",
+                 "versions")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "", row: int = -1, length: int = -1) -> None:
         self.names = bytearray()
         self.name_at = array("I", [0])
         self.sizes = array("q")
@@ -207,10 +296,16 @@ class _Open:
         self.etags = bytearray()
         self.versions = bytearray()
         self.version_at = array("I", [0])
-        self.odd: dict[int, str] | None = None
+        self.odd_rows = array("I")
+        self.odd_text = bytearray()
+        self.odd_at = array("I", [0])
         self.last = b""
         #: whether the names came sorted so far (then no sort is needed at the end)
         self.order = True
+        self.name, self.row, self.length = name, row, length
+
+    def __len__(self) -> int:
+        return len(self.sizes)
 
     def add(self, name: bytes, size: int, mtime: int, etag: str, version: bytes) -> None:
         if self.order and self.sizes and name <= self.last:
@@ -220,7 +315,7 @@ class _Open:
         self.name_at.append(len(self.names))
         self.sizes.append(size)
         self.mtimes.append(mtime)
-        if size == DIRECTORY:
+        if size < 0:
             self.etags += _NO_DIGEST
         else:
             try:
@@ -231,47 +326,59 @@ class _Open:
                 self.etags += digest
             else:
                 self.etags += _NO_DIGEST
-                if self.odd is None:
-                    self.odd = {}
-                self.odd[len(self.sizes) - 1] = etag
+                self.odd_rows.append(len(self.sizes) - 1)
+                self.odd_text += etag.encode()
+                self.odd_at.append(len(self.odd_text))
         self.versions += version
         self.version_at.append(len(self.versions))
 
-    def close(self, path: str, duplicate: Callable[[str, list[Row]], Row]) -> Table:
-        table = Table(
-            bytes(self.names),
+    def name_of(self, i: int) -> bytearray:
+        return self.names[self.name_at[i] : self.name_at[i + 1]]
+
+    def extend(self, other: _Rows) -> None:
+        """Add every row of `other`, in its order."""
+        rows, names = len(self.sizes), len(self.names)
+        versions, odd = len(self.versions), len(self.odd_text)
+        self.names += other.names
+        self.name_at.extend(map(names.__add__, itertools.islice(other.name_at, 1, None)))
+        self.sizes.extend(other.sizes)
+        self.mtimes.extend(other.mtimes)
+        self.etags += other.etags
+        self.versions += other.versions
+        self.version_at.extend(map(versions.__add__, itertools.islice(other.version_at, 1, None)))
+        self.odd_rows.extend(map(rows.__add__, other.odd_rows))
+        self.odd_text += other.odd_text
+        self.odd_at.extend(map(odd.__add__, itertools.islice(other.odd_at, 1, None)))
+
+    def take(self, other: _Rows, i: int) -> None:
+        """Add row `i` of `other`."""
+        self.names += other.name_of(i)
+        self.name_at.append(len(self.names))
+        self.sizes.append(other.sizes[i])
+        self.mtimes.append(other.mtimes[i])
+        self.etags += other.etags[16 * i : 16 * i + 16]
+        self.versions += other.versions[other.version_at[i] : other.version_at[i + 1]]
+        self.version_at.append(len(self.versions))
+        k = bisect.bisect_left(other.odd_rows, i)
+        if k < len(other.odd_rows) and other.odd_rows[k] == i:
+            self.odd_rows.append(len(self.sizes) - 1)
+            self.odd_text += other.odd_text[other.odd_at[k] : other.odd_at[k + 1]]
+            self.odd_at.append(len(self.odd_text))
+
+    def table(self) -> Table:
+        """The rows as a Table: their buffers, not a copy (which would double the peak)."""
+        return Table(
+            self.names,
             self.name_at,
             self.sizes,
             self.mtimes,
-            bytes(self.etags),
-            bytes(self.versions),
+            self.etags,
+            self.versions,
             self.version_at,
-            self.odd,
+            self.odd_rows,
+            self.odd_at,
+            self.odd_text,
         )
-        if self.order:
-            return table
-        return _sorted(path, table, duplicate)
-
-
-def _sorted(path: str, table: Table, duplicate: Callable[[str, list[Row]], Row]) -> Table:
-    """`table` sorted by name; `duplicate` picks the one row of a name given more than once."""
-    order = sorted(range(len(table)), key=table.name)
-    rows: list[Row] = []
-    for _, group in itertools.groupby(order, key=table.name):
-        indexes = list(group)
-        first = table.row(indexes[0])
-        rows.append(first if len(indexes) == 1 else duplicate(path, list(map(table.row, indexes))))
-    again = _Open()
-    for row in rows:
-        version = row.version
-        again.add(
-            row.name.encode("utf-8", "surrogatepass"),
-            DIRECTORY if row.is_dir else row.size,
-            row.mtime,
-            version.etag if version else "",
-            version.version_id.encode() if version else b"",
-        )
-    return again.close(path, duplicate)
 
 
 def _join(path: str, name: str) -> str:
@@ -279,11 +386,14 @@ def _join(path: str, name: str) -> str:
 
 
 class TreeBuilder:
-    """Fills a PinnedTree entry by entry, from a manifest's nesting or from listed keys.
+    """Fills a PinnedTree directory by directory: from a manifest's nesting (`open`, its
+    entries added to `innermost`, `close`) or from listed keys in order (`key`).
 
-    `strict` (a manifest): a bad name or a name given twice is a UsageError. Otherwise (a
-    listing of a bucket, which may hold any key): `left_out(key, why)` is told and the key
-    skipped, and a directory wins over an object of its name, as S3 sources show them.
+    Only the directories on the way down are open; each is closed into the tree's table
+    once whole. `strict` (a manifest): a bad name, a name given twice or a bound passed is
+    a UsageError. Otherwise (a listing of a bucket, which may hold any key):
+    `left_out(key, why)` is told and the key skipped, and a directory wins over an object
+    of its name, as S3 sources show them. MAX_ENTRIES is a UsageError either way.
     """
 
     def __init__(
@@ -296,95 +406,151 @@ class TreeBuilder:
         #: how errors name what is built (`manifest NAME`)
         self.what = f"manifest {name}" if name else "the tree"
         self.left_out = left_out
-        self._open: dict[str, _Open] = {"": _Open()}
-        self._tables: dict[str, Table] = {}
+        self._open = [_Rows()]
+        self._closed = _Rows()
+        self._first = array("Q", [0])
+        self._last_key = ""
         self.entries = 0
+        self.directories = 0
         self.total_size = 0
         self.depth = 0
         self.last_modified = 0
 
+    def fail(self, why: str) -> UsageError:
+        return UsageError(f"{self.what}: {why}")
+
+    def _refused(self, key: str, why: str) -> UsageError:
+        return self.fail(f"the key {key!r} cannot be mounted: {why}")
+
     def _refuse(self, key: str, why: str) -> bool:
         """Refuse key `key` (strict) or leave it out; False."""
         if self.strict:
-            raise UsageError(f"{self.what}: the key {key!r} cannot be mounted: {why}")
+            raise self._refused(key, why)
         if self.left_out is not None:
             self.left_out(key, why)
         return False
 
-    def name(self, path: str, name: str) -> bytes | None:
-        """`name`, of directory `path`, encoded; None if it is left out."""
-        why = bad_name(name)
-        if why is not None:
-            self._refuse(_join(path, name), why)
-            return None
-        return name.encode("utf-8", "surrogatepass")
+    @property
+    def innermost(self) -> _Rows:
+        """The open directory entries go to."""
+        return self._open[-1]
 
-    def directory(self, path: str, name: bytes, mtime: int = 0) -> str:
-        """Open subdirectory `name` of directory `path`; its path."""
-        below = _join(path, name.decode("utf-8", "surrogatepass"))
-        if below in self._open or below in self._tables:
-            if self.strict:
-                raise UsageError(f"{self.what} names {below!r} twice")
-            return below
-        self._open[path].add(name, DIRECTORY, mtime, "", b"")
-        self._open[below] = _Open()
+    @property
+    def whole(self) -> bool:
+        """Whether the root is closed."""
+        return not self._open
+
+    def path(self) -> str:
+        """The path of the innermost open directory ("" the root)."""
+        return "/".join(rows.name for rows in self._open[1:])
+
+    def refuse_name(self, name: str) -> None:
+        """Raise why `name` cannot be in the innermost open directory (a bad name or a path
+        too long), if it cannot."""
+        encoded = name.encode("utf-8", "surrogatepass")
+        length = self.innermost.length + 1 + len(encoded)
+        why = bad_name(name) or (_too_long(length) if length > MAX_PATH else None)
+        if why is not None:
+            raise self._refused(_join(self.path(), name), why)
+
+    def open(self, name: str) -> _Rows:
+        """Open subdirectory `name` of the innermost open directory; UsageError where it
+        would pass a bound (see `refuse_name`, MAX_DEPTH, MAX_ENTRIES)."""
+        self.refuse_name(name)
+        parent = self.innermost
+        depth = len(self._open)
+        if depth > MAX_DEPTH:
+            raise self._refused(_join(self.path(), name), _too_deep(depth))
+        self.directories += 1
+        if self.entries + self.directories > MAX_ENTRIES:
+            raise self.fail(f"more than {MAX_ENTRIES} entries, more than a mount holds")
+        encoded = name.encode("utf-8", "surrogatepass")
+        parent.add(encoded, DIRECTORY, 0, "", b"")
+        below = _Rows(name, len(parent) - 1, parent.length + 1 + len(encoded))
+        self._open.append(below)
+        self.depth = max(self.depth, depth)
         return below
 
-    def file(self, path: str, name: bytes, size: int, mtime: int, etag: str, version: str) -> None:
-        """Add object `name` to open directory `path`."""
-        self.entries += 1
-        if self.entries > MAX_ENTRIES:
-            raise UsageError(
-                f"{self.what}: more than {MAX_ENTRIES} entries, more than a mount holds"
-            )
-        self.total_size += size
-        if mtime > self.last_modified:
-            self.last_modified = mtime
-        self._open[path].add(name, size, mtime, etag, version.encode())
+    def close(self) -> None:
+        """The innermost open directory is whole: its rows, sorted, join the tree's."""
+        rows = self._open.pop()
+        number = len(self._first) - 1
+        if rows.order and not len(self._closed):
+            self._closed = rows  # taken as it is: no copy of the rows to double the peak
+        elif rows.order:
+            self._closed.extend(rows)
+        else:
+            order = sorted(range(len(rows)), key=rows.name_of)
+            for _, group in itertools.groupby(order, key=rows.name_of):
+                first, *more = group
+                self._closed.take(rows, self._duplicate(rows, [first, *more]) if more else first)
+        self._first.append(len(self._closed))
+        if self._open:
+            self.innermost.sizes[rows.row] = DIRECTORY - number
+
+    def _duplicate(self, rows: _Rows, indexes: list[int]) -> int:
+        """Which of rows `indexes` of closed directory `rows`, of one name, to keep."""
+        key = _join(_join(self.path(), rows.name), rows.name_of(indexes[0]).decode())
+        if self.strict:
+            raise self.fail(f"names {key!r} twice")
+        directories = [i for i in indexes if rows.sizes[i] < 0]
+        for i in indexes:
+            if rows.sizes[i] >= 0:
+                why = "its name is also a directory (keys below it), which is shown instead"
+                self._refuse(key, why if directories else "listed twice")
+        return directories[0] if directories else indexes[0]
 
     def key(self, key: str, size: int, mtime: int, etag: str, version: str) -> None:
-        """Add object `key` (a path below the prefix), with the directories it lies in."""
-        *directories, last = key.split("/")
-        for part in key.split("/"):
+        """Add object `key` (a path below the prefix), with the directories it lies in.
+        Keys come in order, as S3 lists them: the directories a key is not in are closed."""
+        *directories, last = parts = key.split("/")
+        for part in parts:
             why = bad_name(part)
             if why is not None:
                 self._refuse(key, why)
                 return
-        path = ""
-        for part in directories:
-            below = _join(path, part)
-            if below not in self._open:
-                self.directory(path, part.encode("utf-8", "surrogatepass"))
-            path = below
-        self.depth = max(self.depth, len(directories))
-        self.file(path, last.encode("utf-8", "surrogatepass"), size, mtime, etag, version)
-
-    def open_table(self, path: str) -> _Open:
-        """The table being filled of open directory `path`."""
-        return self._open[path]
-
-    def close(self, path: str) -> None:
-        """Directory `path` is whole: make its table."""
-        self._tables[path] = self._open.pop(path).close(path, self._duplicate)
-
-    def _duplicate(self, path: str, rows: list[Row]) -> Row:
-        key = _join(path, rows[0].name)
-        if self.strict:
-            raise UsageError(f"{self.what} names {key!r} twice")
-        directories = [row for row in rows if row.is_dir]
-        for row in rows:
-            if not row.is_dir:
-                why = "its name is also a directory (keys below it), which is shown instead"
-                self._refuse(key, why if directories else "listed twice")
-        return directories[0] if directories else rows[0]
+        length = len(key.encode("utf-8", "surrogatepass"))
+        if length > MAX_PATH:
+            self._refuse(key, _too_long(length))
+            return
+        if len(directories) > MAX_DEPTH:
+            self._refuse(key, _too_deep(len(directories)))
+            return
+        if len(version) > MAX_STRING or len(etag) > MAX_STRING:
+            self._refuse(key, f"a version id or ETag longer than {MAX_STRING} characters")
+            return
+        if key <= self._last_key:
+            self._refuse(key, f"listed out of order, after {self._last_key!r}")
+            return
+        self._last_key = key
+        same = 0
+        while (
+            same < len(directories)
+            and same + 1 < len(self._open)
+            and self._open[same + 1].name == directories[same]
+        ):
+            same += 1
+        while len(self._open) > same + 1:
+            self.close()
+        for part in directories[same:]:
+            self.open(part)
+        self.entries += 1
+        if self.entries + self.directories > MAX_ENTRIES:
+            raise self.fail(f"more than {MAX_ENTRIES} entries, more than a mount holds")
+        self.total_size += size
+        self.last_modified = max(self.last_modified, mtime)
+        self.innermost.add(last.encode("utf-8", "surrogatepass"), size, mtime, etag,
+                           version.encode())  # fmt: skip
 
     def finish(self, statistics: dict[str, Any] | None = None) -> PinnedTree:
-        for path in sorted(self._open, key=len, reverse=True):
-            self.close(path)
+        while self._open:
+            self.close()
         return PinnedTree(
-            self._tables,
+            self._closed.table(),
+            self._first,
             statistics or {},
             self.entries,
+            self.directories,
             self.total_size,
             self.depth,
             self.last_modified,
@@ -414,6 +580,7 @@ class _Events:
         self.stream = ijson.basic_parse(stream, buf_size=_BUFFER)
         self.next = self.stream.__next__
         self.name = name
+        self._items = 0
 
     def take(self) -> tuple[str, Any]:
         try:
@@ -424,19 +591,33 @@ class _Events:
     def fail(self, why: str) -> UsageError:
         return UsageError(f"manifest {self.name}: {why}")
 
-    def value(self, event: tuple[str, Any]) -> Any:
-        """The (small) value that starts with `event`, decoded."""
+    def value(self, event: tuple[str, Any], what: str) -> Any:
+        """The value `what` that starts with `event`, decoded: refused as it comes, before
+        it is kept, beyond MAX_VALUE_ITEMS items, MAX_VALUE_DEPTH levels or a string of
+        MAX_STRING characters."""
+        self._items = 0
+        return self._value(event, what, 0)
+
+    def _value(self, event: tuple[str, Any], what: str, depth: int) -> Any:
         kind, value = event
+        self._items += 1
+        if self._items > MAX_VALUE_ITEMS:
+            raise self.fail(f"{what} holds more than {MAX_VALUE_ITEMS} values")
+        if kind in ("start_map", "start_array") and depth == MAX_VALUE_DEPTH:
+            raise self.fail(f"{what} nests deeper than {MAX_VALUE_DEPTH} levels")
         if kind == "start_map":
             found: dict[str, Any] = {}
             while (item := self.take())[0] != "end_map":
-                found[item[1]] = self.value(self.take())
+                key = self._value(item, what, depth)
+                found[key] = self._value(self.take(), what, depth + 1)
             return found
         if kind == "start_array":
             items = []
             while (item := self.take())[0] != "end_array":
-                items.append(self.value(item))
+                items.append(self._value(item, what, depth + 1))
             return items
+        if type(value) is str and len(value) > MAX_STRING:
+            raise self.fail(f"{what} holds a string longer than {MAX_STRING} characters")
         return value
 
     def skip(self, event: tuple[str, Any]) -> None:
@@ -452,7 +633,8 @@ def parse(stream: IO[bytes], name: str) -> PinnedTree:
 
     UsageError, in one line, for anything but a manifest: not JSON, `fields` without
     versionId, size or ETag, a `schemaVersion` other than 2, a bad key (see `bad_name`),
-    an entry that is not an array of the fields' values.
+    an entry that is not an array of the fields' values, a bound passed (see the module's
+    docstring).
     """
     try:
         return _parse(_Events(stream, name))
@@ -461,6 +643,14 @@ def parse(stream: IO[bytes], name: str) -> PinnedTree:
         raise UsageError(f"manifest {name}: not valid JSON: {detail}") from None
     except UnicodeError as e:
         raise UsageError(f"manifest {name}: not valid JSON: {e}") from None
+    except (ValueError, SystemError) as e:
+        # ijson's C backend raises the ValueError of an integer longer than Python converts
+        # (`sys.get_int_max_str_digits()`), at times as the cause of a SystemError.
+        cause = e if isinstance(e, ValueError) else e.__cause__
+        if not isinstance(cause, ValueError):
+            raise
+        detail = str(cause).partition(";")[0]
+        raise UsageError(f"manifest {name}: not JSON Python can read: {detail}") from None
 
 
 def _parse(events: _Events) -> PinnedTree:
@@ -473,16 +663,16 @@ def _parse(events: _Events) -> PinnedTree:
     while (item := events.take())[0] != "end_map":
         key, first = item[1], events.take()
         if key == "fields":
-            given = events.value(first)
+            given = events.value(first, "fields")
             if assumed and given != list(RECOMMENDED_FIELDS):
                 raise events.fail("fields come after entries and are not the recommended ones")
             fields = _fields(events, given)
         elif key == "schemaVersion":
-            version = events.value(first)
+            version = events.value(first, "schemaVersion")
             if version != SCHEMA_VERSION:
                 raise events.fail(f"schemaVersion {version!r}, not {SCHEMA_VERSION}")
         elif key == "statistics":
-            statistics = events.value(first)
+            statistics = events.value(first, "statistics")
             if not isinstance(statistics, dict):
                 raise events.fail("statistics is not an object")
         elif key == "entries":
@@ -520,21 +710,23 @@ def _fields(events: _Events, given: Any) -> list[str]:
 
 def _entries(events: _Events, builder: TreeBuilder, fields: list[str]) -> None:
     """Fill `builder` from the `entries` object (its start_map taken). The loop is what
-    a million entries cost: names are checked and rows stored inline."""
+    a million entries cost: names and bounds are checked and rows stored inline."""
     count = len(fields)
     at_version, at_size, at_etag = (fields.index(f) for f in ("versionId", "size", "ETag"))
     at_time = fields.index("lastModified") if "lastModified" in fields else -1
     times: dict[str, int] = {}
     stream = events.stream
     take = stream.__next__
-    paths = [""]
-    tables = [builder.open_table("")]
-    table = tables[0]
+    table = builder.innermost
+    #: the longest name an entry of `table` may have: NAME_MAX, or less where the path
+    #: would be longer than MAX_PATH
+    longest = min(NAME_MAX, MAX_PATH - table.length - 1)
     name = ""
     entries = builder.entries
     total = builder.total_size
     newest = builder.last_modified
-    depth = 0
+    #: the entries there may be, given the directories
+    most = MAX_ENTRIES - builder.directories
     try:
         for kind, value in stream:
             if kind == "map_key":
@@ -543,54 +735,54 @@ def _entries(events: _Events, builder: TreeBuilder, fields: list[str]) -> None:
             if kind == "start_array":
                 row = tuple(itertools.islice(stream, count))
                 if take()[0] != "end_array" or len(row) != count:
-                    raise events.fail(f"the entry {_where(paths[-1], name)} is not an array "
+                    raise events.fail(f"the entry {_where(builder, name)} is not an array "
                                       f"of {count} values")  # fmt: skip
                 version, size, etag = row[at_version], row[at_size], row[at_etag]
                 if (
                     version[0] != "string"
                     or etag[0] != "string"
                     or type(size[1]) is not int
-                    or size[1] < 0
+                    or not 0 <= size[1] < _SIZE_END
                 ):
-                    raise events.fail(f"the entry {_where(paths[-1], name)} is not "
+                    raise events.fail(f"the entry {_where(builder, name)} is not "
                                       f"{json.dumps(fields)} of strings and a size")  # fmt: skip
+                if len(version[1]) > MAX_STRING or len(etag[1]) > MAX_STRING:
+                    raise events.fail(f"the entry {_where(builder, name)} has a versionId "
+                                      f"or ETag longer than {MAX_STRING} characters")  # fmt: skip
                 mtime = 0
                 if at_time >= 0:
                     text = row[at_time][1]
                     mtime = times.get(text, -1) if type(text) is str else -1
                     if mtime < 0:
-                        mtime = _time(events, text, _where(paths[-1], name))
+                        mtime = _time(events, text, _where(builder, name))
                         if len(times) > 100_000:
                             times.clear()
                         times[text] = mtime
                     if mtime > newest:
                         newest = mtime
                 encoded = name.encode("utf-8", "surrogatepass")
-                if name in _ODD or len(encoded) > NAME_MAX or _ODD_CHARS.intersection(name):
-                    builder.name(paths[-1], name)  # raises, saying why
+                if name in _ODD or len(encoded) > longest or _ODD_CHARS.intersection(name):
+                    builder.refuse_name(name)  # raises, saying why
                 entries += 1
+                if entries > most:
+                    raise events.fail(f"more than {MAX_ENTRIES} entries, more than a mount "
+                                      "holds")  # fmt: skip
                 total += size[1]
                 table.add(encoded, size[1], mtime, etag[1], version[1].encode())
             elif kind == "start_map":
-                encoded = builder.name(paths[-1], name)  # type: ignore[assignment]
-                assert encoded is not None  # strict: a bad name raised
-                paths.append(builder.directory(paths[-1], encoded))
-                table = builder.open_table(paths[-1])
-                tables.append(table)
-                depth += 1
-                builder.depth = max(builder.depth, depth)
+                builder.entries = entries
+                table = builder.open(name)
+                longest = min(NAME_MAX, MAX_PATH - table.length - 1)
+                most = MAX_ENTRIES - builder.directories
             elif kind == "end_map":
-                builder.close(paths.pop())
-                tables.pop()
-                if not paths:
+                builder.close()
+                if builder.whole:
                     break
-                table = tables[-1]
-                depth -= 1
+                table = builder.innermost
+                longest = min(NAME_MAX, MAX_PATH - table.length - 1)
             else:
-                raise events.fail(f"{_where(paths[-1], name)} is neither an entry (array) "
+                raise events.fail(f"{_where(builder, name)} is neither an entry (array) "
                                   "nor a directory (object)")  # fmt: skip
-            if entries > MAX_ENTRIES:
-                raise events.fail(f"more than {MAX_ENTRIES} entries, more than a mount holds")
         else:
             raise StopIteration
     except StopIteration:
@@ -598,8 +790,8 @@ def _entries(events: _Events, builder: TreeBuilder, fields: list[str]) -> None:
     builder.entries, builder.total_size, builder.last_modified = entries, total, newest
 
 
-def _where(path: str, name: str) -> str:
-    return repr(_join(path, name))
+def _where(builder: TreeBuilder, name: str) -> str:
+    return repr(_join(builder.path(), name))
 
 
 def _time(events: _Events, text: Any, where: str) -> int:
@@ -625,7 +817,7 @@ def statistics(tree: PinnedTree, checksum: str) -> dict[str, Any]:
 
 def write(tree: PinnedTree, out: IO[str], checksum: str) -> None:
     """Write `tree` as a manifest: schemaVersion 2, the recommended fields, statistics
-    (with `checksum`), and the nested entries."""
+    (with `checksum`), and the nested entries (recursively: at most MAX_DEPTH levels)."""
     quote = json.encoder.encode_basestring_ascii
     head = {
         "schemaVersion": SCHEMA_VERSION,
@@ -634,14 +826,15 @@ def write(tree: PinnedTree, out: IO[str], checksum: str) -> None:
     }
     out.write(json.dumps(head)[:-1] + ', "entries": ')
     times: dict[int, str] = {}
+    table = tree.table
 
-    def directory(path: str) -> None:
-        table = tree.directories[path]
+    def directory(number: int) -> None:
         out.write("{")
-        for i, row in enumerate(table.rows()):
-            out.write(f"{', ' if i else ''}{quote(row.name)}: ")
+        for i in range(tree.first[number], tree.first[number + 1]):
+            row = table.row(i)
+            out.write(f"{', ' if i > tree.first[number] else ''}{quote(row.name)}: ")
             if row.is_dir:
-                directory(_join(path, row.name))
+                directory(table.subdirectory(i))
                 continue
             assert row.version is not None
             when = times.get(row.mtime)
@@ -652,5 +845,5 @@ def write(tree: PinnedTree, out: IO[str], checksum: str) -> None:
 
         out.write("}")
 
-    directory("")
+    directory(len(tree.first) - 2)
     out.write("}\n")

@@ -86,12 +86,12 @@ class PinnedS3Storage(S3Storage):
         return None if row is None else self._stat_of(row)
 
     def _list(self, key: str) -> list[Entry]:
-        table = self.tree.directories.get(key)
-        if table is None:
+        directory = self.tree.directory(key)
+        if directory is None:
             if self.tree.lookup(key) is None:
                 raise NotFound(key)
             raise NotADirectory(key)
-        return [Entry(row.name, self._stat_of(row)) for row in table.rows()]
+        return [Entry(row.name, self._stat_of(row)) for row in directory.rows()]
 
     def etag(self, stat: Stat) -> str | None:
         return stat.version.etag if isinstance(stat.version, PinnedVersion) else None

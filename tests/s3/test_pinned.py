@@ -243,7 +243,12 @@ def test_bad_pinning_is_refused_in_one_line(versioned: S3Env, mount, tmp_path: P
         return f"{options},manifest={path}"
 
     outside = {**good, "entries": {"..": {"zarr.json": good["entries"]["zarr.json"]}}}
+    # An integer Python does not convert, which ijson raises as it reads a file (as a
+    # ValueError or within a SystemError); tests/formats/test_dandi_manifest.py has the rest.
+    digits = json.dumps({**good, "entries": {"a": ["v", "2024-01-01T00:00:00Z", 0, "e"]}})
+    digits = digits.replace(", 0, ", f", {'9' * 100_000}, ")
     for given, expected in [
+        (manifest("digits.json", digits), "Exceeds the limit (4300 digits)"),
         (manifest("bad.json", '{"fields": ['), "not valid JSON"),
         (manifest("fields.json", {**good, "fields": ["versionId", "size"]}), "lacks ETag"),
         (manifest("outside.json", outside), "'..'"),
