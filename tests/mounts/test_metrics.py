@@ -4,20 +4,25 @@ prometheus_client's own parser, and its counters compared with what the test did
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardfs.fuse.kernel_served.front import unavailable
+from shardfs.fuse.metrics import DESCRIPTORS
 from shardfs.fuse.mounts import mount_type, unmount
 from shardfs.options import parse_options
 from tests.conftest import one_shard_array
+from tests.mounts import test_mount_descriptors as low_limit
 from tests.mounts.test_stats import stats
 from tests.support.s3 import free_port
 
@@ -136,6 +141,49 @@ def test_commits_are_exported_until_the_unmount(tmp_path: Path, mount) -> None:
     mounted.stop()
     with pytest.raises(OSError):  # the server stopped with the mount
         scrape(port)
+
+
+@contextlib.contextmanager
+def idle_connections(port: int, count: int, within: float = 10) -> Iterator[list[socket.socket]]:
+    """`count` connections to `port` (fewer if they do not all connect within `within`
+    seconds), each having sent half a request line and then nothing, held open meanwhile
+    (this process's soft RLIMIT_NOFILE raised for them)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count + 256:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 256), hard))
+    held: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + within
+        while len(held) < count and (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(OSError):
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=left))
+                held[-1].send(b"GET /metrics HTTP/1.1\r\n")  # (it may be closed already)
+        yield held
+    finally:
+        for sock in held:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.fuse
+def test_a_thousand_idle_connections_leave_reads_and_scrapes_alone(tmp_path: Path) -> None:
+    """A daemon under RLIMIT_NOFILE 256: 1,000 connections to its metrics port held idle
+    cost it at most the metrics' descriptors, set aside from its pins', and every chunk file
+    then reads and a scrape answers (before: a thread and a descriptor each, and every read
+    failed with EIO, "Too many open files")."""
+    data = low_limit.make_source(tmp_path / "src", shards=100)
+    port = free_port()
+    with low_limit.limited_mount(tmp_path / "src", tmp_path, "ro", f"metrics={port}") as mounted:
+        before = len(low_limit.descriptors(mounted.process.pid))
+        with idle_connections(port, 1000) as held:
+            assert len(held) == 1000, "the server keeps taking connections"
+            during = len(low_limit.descriptors(mounted.process.pid))
+            for i in range(200):
+                assert (mounted.path / "c" / str(i)).read_bytes() == low_limit.chunk(data, i)
+            figures = scrape(port)
+    assert during <= before + DESCRIPTORS
+    assert value(figures, "shardfs_descriptors_limit") <= 192 - DESCRIPTORS  # (at 256: 192)
+    assert value(figures, "shardfs_fuse_errors_total", errno="EIO") == 0
 
 
 def _mount_line(source: Path, mountpoint: Path, option: str) -> subprocess.CompletedProcess[str]:
