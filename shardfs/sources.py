@@ -22,6 +22,7 @@ from shardfs.view import Namespace, View
 from shardfs.view.hierarchy import METADATA, Hierarchy, join, open_hierarchy
 from shardfs.view.interface import ViewInterface
 from shardfs.view.precomputed import PrecomputedNamespace, PrecomputedSource, open_volume
+from shardfs.view.presentation import Covers
 from shardfs.view.wkw import WkwNamespace, WkwSource, open_wkw
 from shardfs.writeback import Workspace, WriteBuffer
 from shardfs.writeback.leftover import Leftovers
@@ -220,6 +221,7 @@ def open_view(
             View(options.view),
             index_cache=options.index_cache,
             read_cache=options.read_cache,
+            covers=_covers(options),
         )
     if isinstance(source, PrecomputedSource):
         if options.view != View.V3.value:
@@ -236,6 +238,7 @@ def open_view(
         read_cache=options.read_cache,
         listing_cache=options.listing_cache,
         shard_mtimes=options.read_only,  # read-only mounts let the kernel cache listings
+        covers=_covers(options),
     )
     if options.read_only:
         try:
@@ -254,6 +257,19 @@ def open_view(
         log.warning("recovery: %s", line)
     buffer = WriteBuffer(options.write_buffer, options.spool)
     return Workspace(namespace, buffer, shard_new=options.shard_new)  # type: ignore[return-value]
+
+
+def _covers(options: MountOptions) -> Covers | None:
+    """What decides the nodes a `.zmetadata` holds: the modes the mount shows, where other
+    users read through it (see `Presentation.covers`); None where only its user does."""
+    if not options.allow_other:
+        return None
+    from shardfs.fuse.owners import Owners  # (`shardfs.fuse` needs pyfuse3: mounts only)
+
+    owners = Owners(
+        options.read_only, options.uid, options.gid, options.file_mode, options.dir_mode
+    )
+    return owners.covers
 
 
 def open_leftovers(view: ViewInterface, options: MountOptions, source: str) -> Leftovers | None:

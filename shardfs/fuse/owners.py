@@ -12,14 +12,21 @@ options `uid=`, `gid=`, `file_mode=` and `dir_mode=` replace what they name for
 every file. With `allow_other` the kernel checks these modes
 (`default_permissions`): other users then read what the source's modes let
 them read.
+
+A document rendered from several stored ones (a consolidated `.zmetadata`, a
+WKW magnification's documents) is shown from one of them, and every user shown
+it reads the same bytes (a kernel-served mount shares an inode's pages among
+users): so the view puts in it only what everyone that shown mode lets read may
+read as it is shown, or shows it from another (`Owners.covers`).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 
-from shardfs.storage.base import Access
+from shardfs.storage.base import Access, Need
 
 #: Distinct answers kept of each kind (files, directories); all are dropped when full.
 KEPT = 1024
@@ -77,3 +84,31 @@ class Owners:
         uid = uid if self._uid is None else self._uid
         gid = gid if self._gid is None else self._gid
         return (stat.S_IFDIR if is_dir else stat.S_IFREG) | mode, uid, gid
+
+    def covers(self, shown_from: Access | None, needs: Iterable[Need]) -> bool:
+        """Whether every user who may read a file shown from `shown_from` may also do, as
+        the mount shows them, what each need asks of a file or directory. Who is in which
+        group is not looked up: a user who may be a member is taken to be one where that
+        denies, and one who may not where that denies."""
+        mode, uid, gid = self.of(False, shown_from)
+        return all(
+            _may(mode, uid, gid, self.of(is_dir, access), bits) for is_dir, access, bits in needs
+        )
+
+
+def _may(mode: int, uid: int, gid: int, other: tuple[int, int, int], bits: int) -> bool:
+    """Whether each class of users that `mode` (owned by `uid`, group `gid`) lets read
+    has `bits` on a file shown as `other`, whoever in that class asks."""
+    other_mode, other_uid, other_gid = other
+    as_owner = (other_mode >> 6) & bits == bits
+    as_group = (other_mode >> 3) & bits == bits
+    as_other = other_mode & bits == bits
+    # the owner (root may do anything), who may or may not be in `other_gid`
+    owner = uid == 0 or (as_owner if uid == other_uid else as_group and as_other)
+    # a member of `gid` but `uid`: maybe `other_uid`; in `other_gid` surely if it is `gid`
+    group = (as_owner or other_uid == uid) and as_group and (as_other or other_gid == gid)
+    # anyone else: maybe `other_uid`; maybe in `other_gid`, unless that is `gid`
+    rest = (as_owner or other_uid == uid) and (as_group or other_gid == gid) and as_other
+    return (
+        (owner or not mode & 0o400) and (group or not mode & 0o040) and (rest or not mode & 0o004)
+    )

@@ -32,6 +32,10 @@ class _Absent(Enum):
 #: A stored object's (st_mode, st_uid, st_gid), as its stat tells: what the mount shows
 #: of its owner and mode (see `shardfs.fuse.owners`).
 Access = tuple[int, int, int]
+#: What a reader asks of a stored object (a `Need`): to read it, to search it (a directory).
+READ, SEARCH = 0o4, 0o1
+#: (whether it is a directory, its access, what is asked of it: `READ` | `SEARCH`)
+Need = tuple[bool, Access | None, int]
 
 ABSENT: Final = _Absent.ABSENT
 """An `expect` meaning "the object must not exist" (there is no version to name)."""
@@ -356,8 +360,9 @@ class Storage(ABC):
         return None
 
     def reserve_descriptors(self, count: int) -> int:
-        """Set aside up to `count` descriptors of the pins' budget for copies held outside
-        the store (the native front's); how many. 0 where pins hold none."""
+        """Set aside up to `count` more descriptors of the pins' budget for other holders
+        (the native front's copies, the metrics server's sockets); how many. 0 where pins
+        hold none."""
         return 0
 
     def stat_path(self, key: str) -> str | None:

@@ -10,12 +10,18 @@ RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS where the kernel has it (5.6 and later),
 else one component at a time with O_NOFOLLOW. Either way a symlink anywhere
 on the path is ELOOP, and `..` or an absolute path is EXDEV before anything is
 looked up, so nothing outside the root is ever reached.
+
+Reads are resolved the same way, for the same reason: a reader that followed a
+symlink planted at a key (or at a directory on its way) would show, through a
+mount other users reach, what the link points to with the daemon's rights. So a
+local source is only ever opened or stat'ed through a `Tree`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import stat
 import struct
@@ -32,6 +38,8 @@ _libc.syscall.restype = ctypes.c_long
 _no_openat2 = False
 #: A directory opened only to resolve names in it.
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+#: A name opened only to stat it: a symlink there is opened itself, never followed.
+_STAT_FLAGS = os.O_PATH | os.O_NOFOLLOW
 
 
 def components(path: str) -> list[str]:
@@ -44,25 +52,35 @@ def components(path: str) -> list[str]:
 def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0o666) -> int:
     """`os.open` of relative `path` below directory `dirfd`, never through a symlink
     (ELOOP) and never out of it (EXDEV); the descriptor is not inherited by children."""
+    return _open_checked(dirfd, "/".join(components(path)), flags, mode, path)
+
+
+def _open_checked(dirfd: int, joined: str, flags: int, mode: int, path: str) -> int:
+    """`open_beneath` of `joined`, a relative path with no `..` (checked by the caller);
+    `path` is for messages."""
     global _no_openat2
-    names = components(path)
-    if not names:
+    if not joined:
         return os.open(".", flags | os.O_CLOEXEC, dir_fd=dirfd)
     flags |= os.O_CLOEXEC
     if not _no_openat2:
-        how = _OPEN_HOW.pack(
-            flags,
-            mode if flags & os.O_CREAT or flags & os.O_TMPFILE == os.O_TMPFILE else 0,
-            _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS,
-        )
-        fd: int = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode("/".join(names)), how, len(how))
+        creates = flags & os.O_CREAT or flags & os.O_TMPFILE == os.O_TMPFILE
+        how = _how(flags, mode if creates else 0)
+        fd: int = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(joined), how, len(how))
         if fd >= 0:
             return fd
         code = ctypes.get_errno()
         if code != errno.ENOSYS:
             raise OSError(code, os.strerror(code), path)
         _no_openat2 = True
-    return _open_walking(dirfd, names, flags, mode, path)
+    return _open_walking(dirfd, components(joined), flags, mode, path)
+
+
+@functools.cache
+def _how(flags: int, mode: int) -> bytes:
+    """The `struct open_how` of an open (a few distinct ones: the flags this package uses)."""
+    return _OPEN_HOW.pack(
+        flags, mode, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+    )
 
 
 def _open_walking(dirfd: int, names: list[str], flags: int, mode: int, path: str) -> int:
@@ -74,16 +92,26 @@ def _open_walking(dirfd: int, names: list[str], flags: int, mode: int, path: str
                 step = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=current)
             except NotADirectoryError:
                 # O_PATH | O_NOFOLLOW opens a symlink itself, which then is no directory
-                if stat.S_ISLNK(os.stat(name, dir_fd=current, follow_symlinks=False).st_mode):
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
+                _symlink_is_eloop(current, name, path)
                 raise
             if current != dirfd:
                 os.close(current)
             current = step
-        return os.open(names[-1], flags | os.O_NOFOLLOW, mode, dir_fd=current)
+        try:
+            return os.open(names[-1], flags | os.O_NOFOLLOW, mode, dir_fd=current)
+        except NotADirectoryError:  # O_DIRECTORY of a symlink: ELOOP, as openat2 tells it
+            _symlink_is_eloop(current, names[-1], path)
+            raise
     finally:
         if current != dirfd:
             os.close(current)
+
+
+def _symlink_is_eloop(dirfd: int, name: str, path: str) -> None:
+    """ELOOP if `name` in `dirfd` is a symlink (which an open that was to find a
+    directory there reports as ENOTDIR)."""
+    if stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
 
 
 class Tree:
@@ -93,12 +121,22 @@ class Tree:
     with fewer rights (see `shardfs.storage.writers`) needs no access to the
     directories above it. It is opened again when the directory at that path is
     another one (a source removed and made anew under a mount, as a writer that
-    overwrites a whole hierarchy does), so that writes go where reads, which go
-    by path, find things. `path` is only for messages.
+    overwrites a whole hierarchy does), so that writes go where reads find things.
+    `path` is only for messages.
+
+    Reads (`open_now`, `stat_now`) resolve the root's whole path from `/` instead, with
+    no symlink on it either (the root is its real path): the root at its path now,
+    without the stat `fd` takes (a read is made on every lookup), for an identity that
+    reached the root (the daemon's).
     """
 
     def __init__(self, root: str) -> None:
         self.root = root
+        #: the root's path below `/` (and with a `/` after it, unless empty), and `/`
+        #: itself: where `open_now` resolves from
+        self._below_slash = root.strip("/")
+        self._prefix = f"{self._below_slash}/" if self._below_slash else ""
+        self._slash = os.open("/", _DIR_FLAGS)
         self._fd = -1
         self._id = (-1, -1)
         #: descriptors of roots that were replaced, which another thread may still use:
@@ -108,11 +146,7 @@ class Tree:
         self._open_root()
 
     def _open_root(self) -> None:
-        slash = os.open("/", _DIR_FLAGS)
-        try:
-            fd = open_beneath(slash, self.root.lstrip("/"), _DIR_FLAGS)
-        finally:
-            os.close(slash)
+        fd = open_beneath(self._slash, self._below_slash, _DIR_FLAGS)
         st = os.fstat(fd)
         if self._fd >= 0:
             self._replaced.append(self._fd)
@@ -132,10 +166,10 @@ class Tree:
         return self._fd
 
     def close(self) -> None:
-        for fd in (self._fd, *self._replaced):
+        for fd in (self._fd, self._slash, *self._replaced):
             if fd >= 0:
                 os.close(fd)
-        self._fd, self._replaced = -1, []
+        self._fd, self._slash, self._replaced = -1, -1, []
 
     __del__ = close
 
@@ -144,6 +178,22 @@ class Tree:
 
     def open(self, rel: str, flags: int, mode: int = 0o666) -> int:
         return open_beneath(self.fd, rel, flags, mode)
+
+    def open_now(self, rel: str, flags: int) -> int:
+        """`open` of `rel` below the root at its path now (see the class docstring)."""
+        # (checked as `components` does, without making a list: a read is made on every lookup)
+        if rel.startswith("/") or "/../" in f"/{rel}/":
+            raise OSError(errno.EXDEV, "leads out of the source", rel)
+        joined = self._prefix + rel if rel else self._below_slash
+        return _open_checked(self._slash, joined, flags, 0, rel)
+
+    def stat_now(self, rel: str) -> os.stat_result:
+        """What `rel` is, itself (a symlink as a symlink), below the root at its path now."""
+        fd = self.open_now(rel, _STAT_FLAGS)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
 
     def _parent(self, rel: str) -> tuple[int, str]:
         """A descriptor of the directory holding `rel` (to close) and its last name."""

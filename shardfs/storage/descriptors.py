@@ -42,12 +42,15 @@ def budget() -> int:
 class Descriptor:
     """One version of a local file held open, for the pins on it (`DescriptorPool`)."""
 
-    __slots__ = ("busy", "closed_as", "fd", "id", "lost", "path", "pins")
+    __slots__ = ("busy", "closed_as", "fd", "id", "lost", "path", "pins", "reopen")
 
-    def __init__(self, ident: Hashable, path: str, fd: int) -> None:
+    def __init__(self, ident: Hashable, path: str, fd: int, reopen: Callable[[], int]) -> None:
         #: (key, version) it was opened for
         self.id = ident
+        #: the file's path, for messages (never opened: see `reopen`)
         self.path = path
+        #: opens the file again after the budget closed it (as its store opens it)
+        self.reopen = reopen
         #: -1 while closed for the budget (opened again at the next read)
         self.fd = fd
         #: pins on it, and reads using it now (never closed under one)
@@ -90,10 +93,12 @@ class DescriptorPool:
         return budget() - self.reserved
 
     def reserve(self, count: int) -> int:
-        """Set aside up to `count` descriptors of the budget for another holder (the native
-        front's copies of kept versions), leaving this pool at least half: how many."""
-        self.reserved = max(0, min(count, budget() // 2))
-        return self.reserved
+        """Set aside up to `count` more descriptors of the budget for another holder (the
+        native front's copies of kept versions, the metrics server's sockets), leaving this
+        pool at least half: how many."""
+        granted = max(0, min(count, budget() // 2 - self.reserved))
+        self.reserved += granted
+        return granted
 
     def __len__(self) -> int:
         """Descriptors open now."""
@@ -107,9 +112,13 @@ class DescriptorPool:
             evicted, reopened = self.evicted, self.reopened
         return {"open": open_now, "limit": self.limit(), "evicted": evicted, "reopened": reopened}
 
-    def share(self, ident: Hashable, path: str, open_: Callable[[], int]) -> Descriptor:
+    def share(
+        self, ident: Hashable, path: str, open_: Callable[[], int], reopen: Callable[[], int]
+    ) -> Descriptor:
         """The descriptor of `ident` (key, version) with one more pin on it: shared if a pin
-        holds it, else `open_()` (which opens `path` and checks that it is that version)."""
+        holds it, else `open_()` (which opens the file and checks that it is that version);
+        `reopen()` opens it again, unchecked, after the budget closed it (see `acquire`).
+        `path` names it in messages."""
         with self._lock:
             victims = self._drain()
             found = self._shared.get(ident)
@@ -130,7 +139,7 @@ class DescriptorPool:
             self._opening -= 1
             found = self._shared.get(ident)
             if found is None:
-                made = self._shared[ident] = Descriptor(ident, path, fd)
+                made = self._shared[ident] = Descriptor(ident, path, fd, reopen)
                 self._open[made] = None
                 return made
             found.pins += 1  # another thread opened it meanwhile
@@ -168,7 +177,7 @@ class DescriptorPool:
         _close(victims)
         fd = -1
         try:
-            fd = os.open(descriptor.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = descriptor.reopen()
             same = self._fingerprint(os.fstat(fd)) == descriptor.closed_as
         except OSError:
             same = False

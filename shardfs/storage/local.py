@@ -1,5 +1,10 @@
 """A local directory as the source.
 
+Every name below it is opened, stat'ed and listed through its `beneath.Tree`, resolved
+beneath the root with no symlink followed (whoever writes the source can plant one
+anywhere); a key's path is only ever joined for messages and for the native front's
+checks of a version it holds open (`stat_path`).
+
 Writes are crash-safe: `put` renames a durable temp file over the object,
 `append` writes in place under a journal entry that `recover` uses to keep a
 whole tail or cut a torn one (see `shardfs.storage.journal`). Writers of one
@@ -53,6 +58,11 @@ NAMES_DIR_SIZE = 256
 NAMES_SETTLED = 2_000_000_000
 
 
+#: What opening a name below the root finds when the source holds nothing there: no such
+#: name, a file on the way, or a symlink (not part of a source: never followed).
+_ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
+
+
 def _dir_version(st: os.stat_result) -> tuple[int, ...]:
     """What changes whenever an entry of a directory is added, removed or renamed."""
     return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
@@ -100,9 +110,11 @@ class _FilePin(Pin):
         self._pool = storage._descriptors
         #: the range last given to `advise`
         self._advised = (0, 0)
-        path = storage._path(key)
         self._descriptor = self._pool.share(
-            (key, stat.version), path, lambda: _open_version(storage, key, path, stat)
+            (key, stat.version),
+            storage.describe(key),
+            lambda: _open_version(storage, key, stat),
+            lambda: storage._tree.open_now(key, os.O_RDONLY),
         )
         self._watch = self._watched(stat)
 
@@ -242,14 +254,14 @@ class _FilePin(Pin):
             self._pool.dropped(descriptor)
 
 
-def _open_version(storage: LocalStorage, key: str, path: str, stat: Stat) -> int:
-    """`path` opened, if it is still the file of version `stat` (the same inode, as big
+def _open_version(storage: LocalStorage, key: str, stat: Stat) -> int:
+    """`key` opened, if it is still the file of version `stat` (the same inode, as big
     or bigger: an append since leaves the bytes before it); else SourceChanged."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        raise SourceChanged(f"{storage.describe(key)} was removed") from None
+        fd = storage._tree.open_now(key, os.O_RDONLY)
     except OSError as e:
+        if e.errno in _ABSENT:
+            raise SourceChanged(f"{storage.describe(key)} was removed") from None
         raise StorageError(f"{storage.describe(key)}: {e.strerror}") from None
     st = os.fstat(fd)
     if (st.st_dev, st.st_ino) != stat.version[:2] or st.st_size < stat.size:  # type: ignore[index]
@@ -277,6 +289,8 @@ class LocalStorage(Storage):
         self._watches = Watches()
 
     def _path(self, key: str) -> str:
+        """The path of `key` (NotFound for a key that could lead out or is private): for
+        messages only, never opened (see the module's docstring)."""
         # Every request stats a few keys (a metadata document, a shard), the same ones
         # again and again: each is checked and joined once.
         path = self._paths.get(key)
@@ -304,17 +318,16 @@ class LocalStorage(Storage):
 
     def _lstat(self, key: str) -> os.stat_result | None:
         """What is at `key` (None: nothing). Symlinks are not part of the source."""
-        path = self._paths.get(key)  # a key joined before was checked then
-        if path is None:
+        if key not in self._paths:  # a key joined before was checked then
             if _is_private(key):
                 return None
-            path = self._path(key)
+            self._path(key)
         self.counts.add("stat")
         try:
-            return os.lstat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+            return self._tree.stat_now(key)
         except OSError as e:
+            if e.errno in _ABSENT:
+                return None
             raise StorageError(f"{self.describe(key)}: {e.strerror}") from None
 
     def _list(self, key: str) -> list[Entry]:
@@ -325,10 +338,18 @@ class LocalStorage(Storage):
             if entries is not None:
                 return entries
         check_may_block()  # a cold listing of a big directory can take long
+        self._path(key)
         try:
-            path = self._path(key)
-            before = os.lstat(path)
-            with os.scandir(path) as it:
+            fd = self._tree.open_now(key, os.O_RDONLY | os.O_DIRECTORY)
+        except NotADirectoryError:
+            raise NotADirectory(key) from None
+        except OSError as e:
+            if e.errno in _ABSENT:
+                raise NotFound(key) from None
+            raise StorageError(f"{self.describe(key)}: {e.strerror}") from None
+        try:
+            before = os.fstat(fd)
+            with os.scandir(fd) as it:
                 entries = []
                 for entry in it:
                     try:
@@ -341,12 +362,10 @@ class LocalStorage(Storage):
                         entries.append(Entry(entry.name, _stat_of(st)))
             self._keep_names(key, before, entries)
             return entries
-        except FileNotFoundError:
-            raise NotFound(key) from None
-        except NotADirectoryError:
-            raise NotADirectory(key) from None
         except OSError as e:
             raise StorageError(f"{self.describe(key)}: {e.strerror}") from None
+        finally:
+            os.close(fd)
 
     def _keep_names(self, key: str, before: os.stat_result, entries: list[Entry]) -> None:
         """Keep the names of a small directory listed, to list it again without a worker
@@ -366,25 +385,32 @@ class LocalStorage(Storage):
         they were taken: each stated afresh (a shard appended to in place changes its
         stat, not the directory's). None if the directory changed: list it again."""
         try:
-            if _dir_version(os.lstat(self._path(key))) != version:
+            fd = self._tree.open_now(key, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return None  # gone: listing it again says so
+        try:
+            if _dir_version(os.fstat(fd)) != version:
                 return None
             entries = []
-            for name in names:
-                st = os.lstat(self._path(f"{key}/{name}" if key else name))
+            for name in names:  # one name each: stat'ed in the directory opened
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 entries.append(Entry(name, _stat_of(st)))
         except OSError:
             return None  # a name went: the directory changed under us
+        finally:
+            os.close(fd)
         return entries
 
     def _read(self, key: str, offset: int, length: int, version: Hashable | None = None) -> bytes:
+        self._path(key)
         try:
-            fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+            fd = self._tree.open_now(key, os.O_RDONLY)
+        except OSError as e:
+            if e.errno not in _ABSENT:
+                raise StorageError(f"{self.describe(key)}: {e.strerror}") from None
             if version is not None:
                 raise SourceChanged(f"{self.describe(key)} was removed") from None
             raise NotFound(key) from None
-        except OSError as e:
-            raise StorageError(f"{self.describe(key)}: {e.strerror}") from None
         try:
             if version is not None and _stat_of(os.fstat(fd)).version != version:
                 raise SourceChanged(f"{self.describe(key)} changed")

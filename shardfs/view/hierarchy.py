@@ -92,6 +92,10 @@ class Hierarchy(ABC):
         """Names of the directories below node `path` that may hold nodes."""
 
     @abstractmethod
+    def listed(self, path: str) -> str:
+        """The source directory whose listing `children(path)` names them from."""
+
+    @abstractmethod
     def data_dir(self, path: str) -> str:
         """The source directory holding the chunk objects of the array at `path`."""
 
@@ -124,6 +128,9 @@ class ZarrV3(Hierarchy):
 
     def children(self, path: str) -> list[str]:
         return [e.name for e in self.storage.list(path) if e.stat.is_dir]
+
+    def listed(self, path: str) -> str:
+        return path
 
     def data_dir(self, path: str) -> str:
         return path
@@ -161,7 +168,7 @@ class DraftV3(Hierarchy):
 
     def children(self, path: str) -> list[str]:
         try:
-            entries = self.storage.list(join("meta/root", path) if path else "meta/root")
+            entries = self.storage.list(self.listed(path))
         except (NotFound, NotADirectory):
             return []
         names = set()
@@ -173,6 +180,9 @@ class DraftV3(Hierarchy):
                     if entry.name.endswith(suffix) and len(entry.name) > len(suffix):
                         names.add(entry.name.removesuffix(suffix))
         return sorted(names)
+
+    def listed(self, path: str) -> str:
+        return join("meta/root", path) if path else "meta/root"
 
     def data_dir(self, path: str) -> str:
         return zarr_draft.data_prefix(path)

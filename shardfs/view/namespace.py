@@ -49,7 +49,7 @@ from shardfs.view.nodes import (
     Node,
     Role,
 )
-from shardfs.view.presentation import Presentation, View
+from shardfs.view.presentation import Covers, Presentation, View
 from shardfs.view.readahead import ReadAhead
 from shardfs.view.shards import Shards, listed
 
@@ -71,6 +71,7 @@ class Namespace(SourceView):
         listing_cache: int = 64 << 20,
         document_cache: int = 16 << 20,
         shard_mtimes: bool = False,
+        covers: Covers | None = None,
     ) -> None:
         self.storage = storage
         #: What the view shows (v3 or v2) of which source layout: the mount's choice, as
@@ -82,7 +83,14 @@ class Namespace(SourceView):
         #: directory's mtime stays the same, and an append changes no directory's.
         self.shard_mtimes = shard_mtimes
         self.presentation = Presentation(
-            storage, self.tree, view, serve_plain, metadata_cache, document_cache, index_cache
+            storage,
+            self.tree,
+            view,
+            serve_plain,
+            metadata_cache,
+            document_cache,
+            index_cache,
+            covers,
         )
         self.shards = Shards(storage, index_cache, listing_cache)
         #: Chunks fetched ahead of their reads (only on stores with costly requests).

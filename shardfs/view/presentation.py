@@ -14,6 +14,11 @@ have a cache of their own (`documents`) and are rendered again, from the same
 version of the stored document, when they do not fit. Both key on the version of
 the stored document, so a node changed behind the mount's back is reread, never
 mixed with old state.
+
+A group's `.zmetadata` is made from the documents of every node below it, but shown
+with the owner and mode of the group's own, to every user alike: so where other users
+read through the mount (`allow_other`), it holds only the nodes that every user that
+mode lets read could find and read as the mount shows them (`Presentation.covers`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from enum import Enum
 
@@ -49,12 +55,17 @@ from shardfs.formats.zarr_v3 import render as render_v3
 from shardfs.primitives.cache import LruCache
 from shardfs.primitives.errors import InvalidMetadata, NotFound, SourceChanged, StorageError
 from shardfs.primitives.retry import attempts
-from shardfs.storage.base import Access, Entry, Storage
+from shardfs.storage.base import READ, SEARCH, Access, Entry, Need, Storage
 from shardfs.view.hierarchy import METADATA, Hierarchy, NodeDoc, join
 from shardfs.view.nodes import ArrayView, Attr, GroupView, Node, NodeView, Role
 from shardfs.view.shards import table_cost
 
 log = logging.getLogger("shardfs")
+
+
+#: Whether every user who may read a file shown from an access may also do, as the mount
+#: shows them, what each need asks (`shardfs.fuse.owners.Owners.covers`).
+Covers = Callable[[Access | None, list[Need]], bool]
 
 
 class View(Enum):
@@ -81,10 +92,14 @@ class Presentation:
         metadata_cache: int,
         document_cache: int,
         index_cache: int,
+        covers: Covers | None = None,
     ) -> None:
         self.storage = storage
         self.tree = tree
         self.view = view
+        #: What decides the nodes a `.zmetadata` may hold (see the module's docstring);
+        #: None where no other user reads through the mount: then it holds them all.
+        self.covers = covers
         #: Serve unsharded arrays' chunks through the view too (a writable view routes
         #: writes by array), rather than passing them through.
         self.serve_plain = serve_plain
@@ -435,21 +450,48 @@ class Presentation:
         self, group: GroupView
     ) -> tuple[tuple[str, str, bytes], list[tuple[str, NodeView]], int]:
         """What the group's `.zmetadata` is made of: its cache key (the versions of every
-        node's stored document), the nodes by relative prefix, and its mtime."""
+        node's stored document), the nodes by relative prefix, and its mtime. A node
+        left out (`_shown_in`) is left out with what is below it."""
         members: list[tuple[str, NodeView]] = []
         pending: list[tuple[str, NodeView]] = [("", group)]
         while pending:
             prefix, meta = pending.pop()
             members.append((prefix, meta))
-            if isinstance(meta, GroupView):
+            if isinstance(meta, GroupView) and self._listable(group, meta):
                 for name in self.tree.children(meta.key):
                     child = self.meta_at(join(meta.key, name))
-                    if child is not None:
+                    if child is not None and self._shown_in(group, meta, child):
                         pending.append((f"{prefix}{name}/", child))
         versions = repr([(prefix, meta.version) for prefix, meta in members])
         digest = hashlib.sha256(versions.encode()).digest()
         mtime_ns = max(meta.metadata.mtime_ns for _, meta in members)
         return (ZMETADATA, group.key, digest), members, mtime_ns
+
+    def _listable(self, group: GroupView, parent: GroupView) -> bool:
+        """Whether every user who may read `group`'s `.zmetadata` may list and search the
+        directory that names the children of `parent` (a group in it): else it names none."""
+        if self.covers is None:
+            return True
+        stat = self.storage.stat(self.tree.listed(parent.key))
+        if stat is None or not stat.is_dir:
+            return False  # nothing to list (a draft group with no children), or gone
+        return self.covers(group.metadata.access, [(True, stat.access, READ | SEARCH)])
+
+    def _shown_in(self, group: GroupView, parent: GroupView, child: NodeView) -> bool:
+        """Whether every user who may read `group`'s `.zmetadata` may read the stored
+        document of `child` (a child of `parent`, in it) and search every directory from
+        the one listed to find it down to that document."""
+        if self.covers is None:
+            return True
+        if child.source is None:  # an implicit group of a draft source: its directory
+            return self.covers(group.metadata.access, [(True, child.metadata.access, SEARCH)])
+        needs: list[Need] = [(False, child.metadata.access, READ)]
+        for directory in _directories_to(self.tree.listed(parent.key), child.source):
+            stat = self.storage.stat(directory)
+            if stat is None or not stat.is_dir:
+                return False  # changed meanwhile: left out this time
+            needs.append((True, stat.access, SEARCH))
+        return self.covers(group.metadata.access, needs)
 
     def _consolidated(
         self, key: tuple[str, str, bytes], members: list[tuple[str, NodeView]]
@@ -578,6 +620,18 @@ def _metadata_cost(value: NodeView | dict[str, int] | int | None) -> int:
     if isinstance(value, dict):
         return 64 * len(value) + 256
     return value.cost
+
+
+def _directories_to(top: str, key: str) -> list[str]:
+    """The directories on the way to `key` below directory `top` (all of them from the
+    root, if `key` is not below `top`)."""
+    names = key.split("/")[:-1]
+    directories = ["/".join(names[: i + 1]) for i in range(len(names))]
+    if not top:
+        return directories
+    if top in directories:
+        return directories[directories.index(top) + 1 :]
+    return directories
 
 
 def _size(docs: dict[str, bytes]) -> int:

@@ -28,11 +28,12 @@ daemon hold a block each.
 from __future__ import annotations
 
 import logging
+import stat as stat_mod
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -67,7 +68,7 @@ from shardfs.primitives.errors import (
     NotADirectory,
     NotFound,
 )
-from shardfs.storage.base import Access, Entry, Stat, Storage
+from shardfs.storage.base import READ, SEARCH, Access, Entry, Need, Stat, Storage
 from shardfs.view.base import (
     Chunk,
     Reader,
@@ -80,7 +81,7 @@ from shardfs.view.base import (
 )
 from shardfs.view.hierarchy import join
 from shardfs.view.nodes import Attr, Listing, Node, Role
-from shardfs.view.presentation import View
+from shardfs.view.presentation import Covers, View
 from shardfs.view.readahead import Extents, ReadAhead
 
 log = logging.getLogger("shardfs")
@@ -90,6 +91,8 @@ log = logging.getLogger("shardfs")
 HELD_BLOCKS = 256 << 20
 #: Seconds a block stays held for an open file that does not read on.
 HOLD_IDLE = 5.0
+#: What a document no one else may read is shown as: root's, mode 0.
+_ROOT_ALONE: Access = (stat_mod.S_IFREG, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -475,9 +478,13 @@ class WkwNamespace(SourceView):
         index_cache: int = 64 << 20,
         read_cache: int = 64 << 20,
         held_blocks: int = HELD_BLOCKS,
+        covers: Covers | None = None,
     ) -> None:
         self.storage = storage
         self.view = view
+        #: What decides the magnifications a `.zmetadata` holds (see `_document`); None
+        #: where no other user reads through the mount: then it holds them all.
+        self.covers = covers
         self.names: ChunkKeyEncoding = V3_NAMES if view is View.V3 else V2_NAMES
         self.metadata_key = _metadata_key(storage) or PROPERTIES
         #: Parts of data files' block tables, by file version and part (corrupt ones too:
@@ -533,6 +540,62 @@ class WkwNamespace(SourceView):
 
         return load
 
+    def _document(self, dataset: Dataset, path: str) -> bytes | None:
+        """The rendered document at `path`, if there is one. A group's `.zmetadata` is shown
+        with the mode of the metadata file, as every document, but is made from the
+        headers of the magnifications below it too: where other users read through the
+        mount, it leaves out a magnification that one of those its mode admits could not
+        reach and read the header of (as `Presentation` does for a Zarr group's)."""
+        doc = dataset.docs.get(path)
+        group, _, name = path.rpartition("/")
+        if doc is None or self.covers is None or name != ZMETADATA:
+            return doc
+        hidden = {
+            key
+            for key in dataset.mags
+            if (not group or key.startswith(group + "/"))
+            and not self._readable(dataset, group, key)
+        }
+        if not hidden:
+            return doc
+        shown = {key: mag for key, mag in dataset.mags.items() if key not in hidden}
+        return render_v2(zmetadata(v2_documents(dataset.groups, shown), group))
+
+    def _document_access(self, dataset: Dataset, path: str) -> Access | None:
+        """The mode and owner the rendered document at `path` is shown with: the metadata
+        file's. A magnification's own documents are made from its header too: where other
+        users read through the mount and that mode would admit one the header denies, the
+        header's, if it admits no one the metadata file denies; else no one's but root's."""
+        shown = dataset.stat.access
+        key = path.rpartition("/")[0]
+        if self.covers is None or key not in dataset.mags:
+            return shown
+        header = self.storage.stat(join(key, HEADER))
+        if header is None or header.is_dir:
+            return _ROOT_ALONE
+        if self.covers(shown, [(False, header.access, READ)]):
+            return shown
+        if self.covers(header.access, [(False, shown, READ)]):
+            return header.access
+        return _ROOT_ALONE
+
+    def _readable(self, dataset: Dataset, group: str, key: str) -> bool:
+        """Whether every user who may read the metadata file may search each directory
+        from `group` down to magnification `key` and read its header."""
+        assert self.covers is not None
+        needs: list[Need] = []
+        names = key.split("/")
+        for i in range(len(group.split("/")) if group else 0, len(names)):
+            stat = self.storage.stat("/".join(names[: i + 1]))
+            if stat is None or not stat.is_dir:
+                return False
+            needs.append((True, stat.access, SEARCH))
+        header = self.storage.stat(join(key, HEADER))
+        if header is None or header.is_dir:
+            return False
+        needs.append((False, header.access, READ))
+        return self.covers(dataset.stat.access, needs)
+
     # -- classification ----------------------------------------------------------------
 
     def _root(self) -> Node:
@@ -547,7 +610,7 @@ class WkwNamespace(SourceView):
     def _target(self, dataset: Dataset | None, path: str) -> _Target:
         """What `path` is now; NotFound if nothing."""
         if dataset is not None:
-            doc = dataset.docs.get(path)
+            doc = self._document(dataset, path)
             if doc is not None:
                 return doc
             mag = dataset.mag_of(path)
@@ -592,7 +655,8 @@ class WkwNamespace(SourceView):
         target = self._target(dataset, node.path)
         if isinstance(target, bytes):
             assert dataset is not None
-            return Attr(False, len(target), dataset.stat.mtime_ns, None, dataset.stat.access)
+            access = self._document_access(dataset, node.path)
+            return Attr(False, len(target), dataset.stat.mtime_ns, None, access)
         if isinstance(target, _Block):
             stat = target.stat
             return Attr(False, target.mag.header.block_bytes, stat.mtime_ns, None, stat.access)
@@ -627,10 +691,18 @@ class WkwNamespace(SourceView):
             (
                 name,
                 Node(path, Role.METADATA),
-                Attr(False, len(doc), dataset.stat.mtime_ns, None, dataset.stat.access),
+                Attr(
+                    False,
+                    len(doc),
+                    dataset.stat.mtime_ns,
+                    None,
+                    self._document_access(dataset, path),
+                ),
             )
-            for path, doc in dataset.docs.items()
-            if (name := path.rpartition("/")[2]) and join(directory, name) == path
+            for path in dataset.docs
+            if (name := path.rpartition("/")[2])
+            and join(directory, name) == path
+            and (doc := self._document(dataset, path)) is not None
         ]
 
     def _source_entries(
@@ -699,7 +771,8 @@ class WkwNamespace(SourceView):
         target = self._target(dataset, node.path)
         if isinstance(target, bytes):
             assert dataset is not None
-            return Reader(self.storage, node.path, dataset.stat, None, data=target)
+            shown = replace(dataset.stat, access=self._document_access(dataset, node.path))
+            return Reader(self.storage, node.path, shown, None, data=target)
         if isinstance(target, _ChunkDir | Mag) or (isinstance(target, Stat) and target.is_dir):
             raise IsADirectory(node.path)
         if isinstance(target, Stat):

@@ -6,7 +6,9 @@ owner of what it is stored in, so that with `allow_other` (and the kernel's
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import random
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ import zarr
 from shardfs.fuse.owners import Owners
 from shardfs.options import parse_options
 from shardfs.primitives.errors import UsageError
+from shardfs.storage import base as storage_base
 from tests.conftest import start_mount, stop_mount
 from tests.support.users import User
 
@@ -113,6 +116,52 @@ def _check_source_modes(user: User, src: Path, mnt: Path) -> None:
 
 
 @pytest.mark.fuse
+def test_the_v2_view_shows_other_users_nothing_the_source_denies_them(
+    users: tuple[User, User], public_dir: Path
+) -> None:
+    """Through root's `ro,allow_other,view=v2` mount (repros r3 and r4 of audit 4): a
+    symlink `c` the attacker plants beside a copy of a private array's `zarr.json` does not
+    lead the lookup of chunk `0` (shard `c/0`) to root's shards; the root group's
+    `.zmetadata`, which everyone may read, holds nothing of the victim's private group,
+    whose own `.zmetadata` the victim reads whole."""
+    victim, attacker = users
+    src = _source(public_dir)
+    # as zarr-python writes it: only the 0700 directory above keeps others out
+    (src / "private" / "c" / "0").chmod(0o644)
+    secret = "the victim's secret attribute"
+    group = zarr.open_group(src / "victim", mode="w", attributes={"secret": secret})
+    group.create_array("a", shape=(4,), dtype="u1", compressors=None)[:] = 1
+    for directory, _, names in os.walk(src / "victim"):
+        os.chown(directory, victim.uid, victim.gid)
+        os.chmod(directory, 0o700)
+        for name in names:
+            os.chown(os.path.join(directory, name), victim.uid, victim.gid)
+            os.chmod(os.path.join(directory, name), 0o600)
+    leak = src / "leak"
+    leak.mkdir(mode=0o755)
+    (leak / "zarr.json").write_bytes((src / "private" / "zarr.json").read_bytes())
+    for path in (leak, leak / "zarr.json"):
+        os.chown(path, attacker.uid, attacker.gid)
+    planted = attacker.run(
+        f"import os\nos.symlink({str(src / 'private' / 'c')!r}, {str(leak / 'c')!r})"
+    )
+    assert planted.returncode == 0, planted.stderr
+    with _mounted(public_dir, src, "ro", "allow_other", "view=v2") as mnt:
+        assert _read_as(attacker, src / "private" / "c" / "0", mnt / "leak" / "0") == [
+            "EACCES",
+            "ENOENT",
+        ]
+        assert _read_as(attacker, mnt / "victim" / ".zattrs") == ["EACCES"]
+        assert _read_as(attacker, mnt / ".zmetadata")[0].startswith("OK")
+        shown = (mnt / ".zmetadata").read_text()  # one document, whoever reads it
+        assert "shared/.zarray" in shown and "leak/.zarray" in shown
+        assert "victim/" not in shown and "private/" not in shown and secret not in shown
+        assert _read_as(victim, mnt / "victim" / ".zmetadata")[0].startswith("OK")
+        own = (mnt / "victim" / ".zmetadata").read_text()
+        assert secret in own and "a/.zarray" in own
+
+
+@pytest.mark.fuse
 def test_options_replace_the_shown_owner_and_modes(
     users: tuple[User, User], public_dir: Path
 ) -> None:
@@ -147,6 +196,73 @@ def test_the_shown_mode_follows_the_stored_one() -> None:
     assert given.of(False, shard) == (stat.S_IFREG | 0o640, 7, 8)
     assert given.of(True, None) == (stat.S_IFDIR | 0o750, 7, 8)
     assert Owners(True, gid=9).of(False, shard) == (stat.S_IFREG | 0o444, 12, 9)
+
+
+#: What a listing asks of a directory: to read and to search it.
+READS = storage_base.READ | storage_base.SEARCH
+
+
+def _kernel_may(uid: int, groups: set[int], shown: tuple[int, int, int], bits: int) -> bool:
+    """The kernel's check (`default_permissions`) of user `uid` in `groups` against a
+    file shown as `shown`: root may do anything, else one class of bits decides."""
+    mode, owner, group = shown
+    if uid == 0:
+        return True
+    shift = 6 if uid == owner else 3 if group in groups else 0
+    return (mode >> shift) & bits == bits
+
+
+def test_a_rendered_document_admits_only_who_may_read_all_it_is_made_from() -> None:
+    """`Owners.covers`, against the kernel's own rule for every user and every way they may
+    be in the groups: whoever may read the document may do what each need asks; and the
+    usual cases are let through (a shared tree; a user's own private one, to that user)."""
+    rng = random.Random(41)
+    owners = Owners(read_only=True)
+    admitted = 0
+    for _ in range(20000):
+        shown_from = (
+            stat.S_IFREG | rng.getrandbits(9),
+            rng.choice((0, 1, 2)),
+            rng.choice((10, 11)),
+        )
+        needs = [
+            (
+                rng.random() < 0.5,
+                (rng.getrandbits(9), rng.choice((0, 1, 2)), rng.choice((10, 11))),
+                rng.choice((storage_base.READ, storage_base.SEARCH, READS)),
+            )
+            for _ in range(rng.randint(1, 2))
+        ]
+        if not owners.covers(shown_from, needs):
+            continue
+        admitted += 1
+        shown = owners.of(False, shown_from)
+        for uid in (1, 2, 3):
+            for groups in ({10}, {11}, {10, 11}, set()):
+                if _kernel_may(uid, groups, shown, storage_base.READ):
+                    for is_dir, access, bits in needs:
+                        assert _kernel_may(uid, groups, owners.of(is_dir, access), bits), (
+                            shown_from,
+                            needs,
+                            uid,
+                            groups,
+                        )
+    assert admitted > 1000
+    doc, directory = (stat.S_IFREG | 0o644, 0, 0), (stat.S_IFDIR | 0o755, 0, 0)
+    victim_doc, victim_dir = (stat.S_IFREG | 0o600, 5, 5), (stat.S_IFDIR | 0o700, 5, 5)
+    assert owners.covers(doc, [(True, directory, READS), (False, doc, storage_base.READ)])
+    assert not owners.covers(doc, [(True, victim_dir, storage_base.SEARCH)])
+    assert not owners.covers(doc, [(False, victim_doc, storage_base.READ)])
+    assert owners.covers(victim_doc, [(True, victim_dir, READS), (False, doc, storage_base.READ)])
+    lab_doc, lab_dir = (stat.S_IFREG | 0o640, 5, 7), (stat.S_IFDIR | 0o750, 5, 7)
+    assert owners.covers(lab_doc, [(True, lab_dir, READS), (False, lab_doc, storage_base.READ)])
+    assert not owners.covers(lab_doc, [(True, (stat.S_IFDIR | 0o711, 5, 7), READS)])
+    # the modes the options give are those the kernel checks
+    assert Owners(True, file_mode=0o444, dir_mode=0o555).covers(
+        doc, [(True, victim_dir, storage_base.SEARCH)]
+    )
+    # nothing stored has owners (S3): everyone may read everything
+    assert owners.covers(None, [(True, None, READS), (False, None, storage_base.READ)])
 
 
 def test_owner_and_mode_options_are_checked() -> None:
@@ -250,6 +366,45 @@ def test_precomputed_and_wkw_files_show_the_stored_file_they_are_served_from(
             if node.is_dir:
                 pending.append(node)
     assert {Role.CHUNK, Role.METADATA, Role.ARRAY} <= seen
+
+
+def test_a_wkw_zmetadata_holds_only_what_every_reader_of_it_may_read(tmp_path: Path) -> None:
+    """A WKW group's `.zmetadata` (v2 view), shown with the mode of the properties file, is
+    made from the magnifications' headers too: with `allow_other` it leaves out the ones
+    that some user it admits could not reach or read the header of; a magnification's
+    own documents are shown with its header's mode where that is the narrower."""
+    from shardfs.options import MountOptions
+    from shardfs.sources import open_source, open_view
+    from shardfs.view.interface import ViewInterface
+
+    src = _wkw(tmp_path / "src")
+    os.chown(src / "color2", 1234, 1234)
+    (src / "color2").chmod(0o700)
+    (src / "segmentation" / "2" / "header.wkw").chmod(0o600)
+
+    def opened(allow_other: bool) -> ViewInterface:
+        options = MountOptions(read_only=True, allow_other=allow_other, view="v2")
+        return open_view(open_source(str(src), options), options, "test")
+
+    def consolidated(allow_other: bool, group: str = "") -> set[str]:
+        view = opened(allow_other)
+        node = view.resolve(f"{group}/.zmetadata" if group else ".zmetadata")
+        return set(json.loads(view.open(node).read(0, view.attr(node).size))["metadata"])
+
+    shown = consolidated(True)
+    assert {"color/1/.zarray", "color/2-2-1/.zarray", "segmentation/1/.zarray"} <= shown
+    assert "color2/.zattrs" in shown  # made from the properties file alone
+    assert "color2/1/.zarray" not in shown and "segmentation/2/.zarray" not in shown
+    assert consolidated(True, "segmentation") == {".zgroup", ".zattrs", "1/.zarray", "1/.zattrs"}
+    assert {"color2/1/.zarray", "segmentation/2/.zarray"} <= consolidated(False)
+    properties = (src / "datasource-properties.json").stat().st_mode
+    for allow_other, mode in ((True, 0o100600), (False, properties)):
+        view = opened(allow_other)
+        for path in ("segmentation/2/.zarray", "segmentation/2/.zattrs"):
+            node = view.resolve(path)
+            assert view.attr(node).access == (mode, 0, 0)
+            assert view.open(node).attr().access == (mode, 0, 0)
+        assert view.attr(view.resolve("color2/1/.zarray")).access == (properties, 0, 0)
 
 
 @pytest.mark.fuse

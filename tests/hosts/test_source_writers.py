@@ -22,7 +22,9 @@ import pytest
 
 from shardfs.cli import main
 from shardfs.fuse.mounts import mount_type
+from shardfs.primitives.errors import NotFound, SourceChanged
 from shardfs.storage import LocalStorage, beneath, journal
+from shardfs.storage import descriptors as descriptors_module
 from shardfs.storage.base import ABSENT
 from shardfs.storage.writers import UnsafeSource
 from tests.conftest import one_shard_array, start_mount, stop_mount
@@ -79,6 +81,44 @@ def test_beneath_refuses_symlinks_dotdot_and_absolute_paths(
     assert (outside / "f").read_bytes() == b"outside"
     tree.unlink("last")  # the link itself
     assert (outside / "f").read_bytes() == b"outside"
+
+
+def test_reads_never_follow_a_symlink(
+    tmp_path: Path, resolution: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A symlink is not part of a source, wherever it is on the way to a key: a stat, read,
+    listing or pin finds nothing there (repro r3 of audit 4: the v2 view looked up chunk
+    `0` of a 1-D array as shard `c/0`, and a planted `c` led to another user's shards).
+    Nor does a pin whose descriptor the budget closed open its file again through one."""
+    root, outside = tmp_path / "src", tmp_path / "outside"
+    (root / "d").mkdir(parents=True)
+    (outside / "c").mkdir(parents=True)
+    (outside / "c" / "0").write_bytes(b"outside")
+    (root / "d" / "f").write_bytes(b"inside")
+    (root / "d" / "g").write_bytes(b"inside too")
+    (root / "c").symlink_to(outside / "c")
+    (root / "last").symlink_to(outside / "c" / "0")
+    storage = LocalStorage(root)
+    for key in ("c/0", "c", "last"):
+        assert storage.stat(key) is None, (key, resolution)
+        with pytest.raises(NotFound):
+            storage.read(key, 0, 7)
+    with pytest.raises(NotFound):
+        storage.list("c")
+    assert [entry.name for entry in storage.list("")] == ["d"]
+    assert storage.read("d/f", 0, 6) == b"inside"
+
+    monkeypatch.setattr(descriptors_module, "budget", lambda: 1)
+    stat = storage.stat("d/f")
+    assert stat is not None
+    held = storage.pin("d/f", stat)
+    other = storage.pin("d/g", storage.stat("d/g"))  # type: ignore[arg-type]
+    os.rename(root / "d", outside / "d")  # its file unchanged, now reached through a symlink
+    (root / "d").symlink_to(outside / "d")
+    with pytest.raises(SourceChanged):
+        held.read(0, 6)
+    held.close()
+    other.close()
 
 
 # -- journal recovery, as the attacker plants it --------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -15,6 +16,7 @@ import pytest
 import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
+from shardfs.fuse.owners import Owners
 from shardfs.primitives.errors import CorruptData, IsADirectory, NotADirectory, NotFound
 from shardfs.storage import LocalStorage, Stat
 from shardfs.storage.base import Pin
@@ -305,6 +307,41 @@ for name in params["names"]:
     )
     for name, expected in values.items():
         np.testing.assert_array_equal(np.load(out / f"{name.replace('/', '__')}.npy"), expected)
+
+
+def _consolidated(ns: Namespace, group: str = "") -> set[str]:
+    """The nodes a group's `.zmetadata` holds documents of."""
+    node = ns.resolve(f"{group}/.zmetadata" if group else ".zmetadata")
+    doc = json.loads(ns.open(node).read(0, ns.attr(node).size))
+    return {key.rpartition("/")[0] for key in doc["metadata"]}
+
+
+def test_a_v2_zmetadata_holds_only_what_every_reader_of_it_may_read(
+    source: tuple[Path, dict[str, np.ndarray]],
+) -> None:
+    """Where other users read through the mount (`covers`), a group's `.zmetadata`, shown
+    as its own `zarr.json`, leaves out a node that one of them could not find or read in
+    the source, with all below it (repro r4 of audit 4); it is back once the source lets
+    them. Where no one else reads through the mount, it holds every node."""
+    root, _ = source
+    for path in (root / "nested", root / "nested" / "zarr.json"):
+        os.chown(path, 1234, 1234)
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    (root / "plain" / "zarr.json").chmod(0o600)  # root's, but no one else's
+    owners = Owners(read_only=True)
+    shared = Namespace(LocalStorage(root), view=View.V2, covers=owners.covers)
+    assert _consolidated(shared) == {"", "flat"}
+    # the group's own `.zmetadata` is 1234's (0600): what 1234 may read is in it
+    assert _consolidated(shared, "nested") == {"", "sharded"}
+    everything = {"", "flat", "plain", "nested", "nested/sharded"}
+    assert _consolidated(Namespace(LocalStorage(root), view=View.V2)) == everything
+    (root / "nested").chmod(0o755)  # its document still 1234's alone: still out
+    assert _consolidated(shared) == {"", "flat"}
+    (root / "nested" / "zarr.json").chmod(0o644)
+    (root / "plain" / "zarr.json").chmod(0o644)
+    assert _consolidated(shared) == everything
+    (root / "nested").chmod(0o711)  # searched, but not listed: its children not named
+    assert _consolidated(shared) == {"", "flat", "plain", "nested"}
 
 
 def _outcome(ns: Namespace, parent_path: str, name: str) -> object:
