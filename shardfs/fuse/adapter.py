@@ -107,10 +107,10 @@ class _Window:
     mtimes: list[int]
     accesses: list[Access | None]
     #: the slots those numbers are made from (see `InodeTable.holds`), and the stretches
-    #: of rows of each (start, stop, slot), whose counts of the kernel's references a reply
-    #: adds to (rows are in grid order: a stretch per shard, in a chunk directory)
+    #: of rows of each (start, stop, slot number), whose counts of the kernel's references
+    #: a reply adds to (rows are in grid order: a stretch per shard, in a chunk directory)
     slots: dict[int, Slot]
-    stretches: list[tuple[int, int, Slot]]
+    stretches: list[tuple[int, int, int]]
 
     @classmethod
     def of(cls, run: ChunkRun, row: int, inodes: InodeTable) -> _Window:
@@ -124,7 +124,7 @@ class _Window:
             cuts = [0, *(np.flatnonzero(shards[1:] != shards[:-1]) + 1).tolist(), len(shards)]
             firsts = shards[cuts[:-1]].tolist()
             stretches = [
-                (a, b, shard_slots[k][1]) for a, b, k in zip(cuts, cuts[1:], firsts, strict=False)
+                (a, b, shard_slots[k][0]) for a, b, k in zip(cuts, cuts[1:], firsts, strict=False)
             ]
         return cls(
             run,
@@ -546,7 +546,7 @@ class Operations(pyfuse3.Operations):
             else:
                 for a, b, slot in window.stretches:  # `InodeTable.ref`, per stretch of a slot
                     if a < i + sent and b > i:
-                        slot.refs += min(b, i + sent) - max(a, i)
+                        self.inodes.ref_slot(slot, min(b, i + sent) - max(a, i))
             row, position = row + sent, position + sent
             if sent < stop - i:
                 return False

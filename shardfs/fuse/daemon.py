@@ -100,6 +100,10 @@ def serve(
     else what could not be committed. Raises RuntimeError if the kernel refuses
     the mount, ShardfsError if the metrics' address cannot be listened on.
     """
+    if metrics is not None:  # first: the front and the kept versions share what is left
+        from shardfs.fuse.metrics import DESCRIPTORS
+
+        view.storage.reserve_descriptors(DESCRIPTORS)
     operations = Operations(view, config)
     lock = DaemonLock(mountpoint)
     # Named before the mount: naming it resolves the mountpoint, which would then ask us.
@@ -115,11 +119,8 @@ def serve(
         lock.release("the mount failed")
         raise
     serving = operations.serving
-    if serving is not None and serving.front is not None:
-        try:
-            serving.front.attach()
-        except OSError as e:  # (nothing is passed through it yet: pyfuse3 reads the device)
-            serving.without_front(f"it could not start: {e}")
+    if serving is not None:
+        serving.start_front()
     if serving is not None and serving.front_off is not None and config.front:
         # Not built, or could not start: a warning; a source it cannot serve: as designed.
         local = operations.view.storage.stat_path("") is not None

@@ -21,18 +21,21 @@ version's bytes and attributes, whatever order the kernel applies replies in
 (see docs/design.md, "One node id, one version"). Such a slot lives while the
 kernel holds any of its numbers: lookups and listed entries count up, forgets
 down, and a slot at zero is let go and its number given to the next version.
+Those counts have one owner (`SlotCounts`): this table's, or the native
+front's when it runs, which answers lookups itself.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
+from typing import Protocol
 
 import numpy as np
 import pyfuse3
 
-from shardfs.primitives.errors import NotFound
+from shardfs.primitives.errors import UnknownNode
 from shardfs.storage.base import Stat
 from shardfs.view import Node, Role
 from shardfs.view.hierarchy import join
@@ -50,6 +53,35 @@ VERSIONED_SLOTS = 1 << 20
 RETIRED_KEPT = 1 << 16
 
 
+class SlotCounts(Protocol):
+    """The one owner of the kernel's references to each slot's node ids."""
+
+    def ref(self, slot: int, count: int) -> None:
+        """The kernel took `count` more references to node ids of `slot`."""
+
+    def unref(self, slot: int, count: int) -> int:
+        """The kernel forgot `count` of them (0: only asks): how many it holds still. At 0
+        the owner forgets the slot in the same step, so that the table may let it go."""
+
+
+class Counts:
+    """`SlotCounts` kept here: a mount whose every lookup Python answers."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, int] = {}
+
+    def ref(self, slot: int, count: int) -> None:
+        self._refs[slot] = self._refs.get(slot, 0) + count
+
+    def unref(self, slot: int, count: int) -> int:
+        left = self._refs.get(slot, 0) - count
+        if left > 0:
+            self._refs[slot] = left
+            return left
+        self._refs.pop(slot, None)
+        return 0
+
+
 class FileVersion:
     """A counted node id of a versioned table: one file at one version of the object its
     bytes come from (`shard`: its key and stat), as `shown`."""
@@ -65,9 +97,10 @@ class FileVersion:
 class Slot:
     """What the derived numbers of one slot stand for: an array's chunks (`grid`) as of
     `array`, and on a versioned table as of `shown`: the array's document and one shard,
-    each at one version (`shard`: its key and stat). `refs`: what the kernel holds."""
+    each at one version (`shard`: its key and stat). What the kernel holds of it is
+    counted by the table's `SlotCounts`."""
 
-    __slots__ = ("array", "grid", "key", "refs", "shard", "shown", "slot_key")
+    __slots__ = ("array", "grid", "key", "shard", "shown", "slot_key")
 
     def __init__(
         self, slot_key: Hashable, array: ArrayView, shard: tuple[str, Stat] | None
@@ -77,7 +110,6 @@ class Slot:
         self.grid = array.layout.grid
         self.array = array
         self.shard = shard
-        self.refs = 0
         self.shown: Shown | None = None
         if shard is not None:
             stats: dict[str, Stat | None] = {shard[0]: shard[1]}
@@ -124,9 +156,9 @@ class InodeTable:
         self._asked: set[int] = set()
         #: inodes of files unlinked or renamed over: they live on only in open files
         self._removed: set[int] = set()
-        #: the kernel's references to a slot counted elsewhere (the native front's lookups):
-        #: `shared(slot)` returns them, taken over, or 0 after dropping the slot there
-        self.shared: Callable[[int], int] | None = None
+        #: the kernel's references to each slot (versioned tables), by their one owner: set
+        #: before the kernel's first request (the native front's, when it runs)
+        self.counts: SlotCounts = Counts()
 
     def __len__(self) -> int:
         """Entries held (derived numbers that nothing claimed are not entries)."""
@@ -227,6 +259,10 @@ class InodeTable:
         """The slot a derived number stands for (None for a counted one, or one let go)."""
         return self._slots.get((ino >> SHIFT) - 1)
 
+    def ref_slot(self, slot: int, count: int) -> None:
+        """The kernel took `count` references to node ids of `slot` (`ref`, in bulk)."""
+        self.counts.ref(slot, count)
+
     def _unref_slot(self, ino: int, count: int) -> None:
         """A derived number forgotten `count` times: a versioned slot the kernel holds none
         of any more is let go, and its number given to the next version."""
@@ -234,17 +270,8 @@ class InodeTable:
         found = self._slots.get(slot)
         if found is None or not self.versioned:
             return
-        found.refs -= count
-        if self._unheld(slot, found):
+        if not self.counts.unref(slot, count):
             self._let_go(slot, found)
-
-    def _unheld(self, slot: int, found: Slot) -> bool:
-        """Whether the kernel holds no number of `slot`: its count here, with the one kept
-        elsewhere (`shared`) taken over first (which, if there is none, drops the slot
-        there in the same step)."""
-        if found.refs <= 0 and self.shared is not None:
-            found.refs += self.shared(slot)
-        return found.refs <= 0
 
     def _let_go(self, slot: int, found: Slot) -> None:
         """The kernel holds no number of `slot`: its record goes, and its number waits in
@@ -264,18 +291,18 @@ class InodeTable:
         """Let go of the slots the kernel holds no number of (made for listed rows that
         were never sent), but those of `held` (rows still to be sent)."""
         for slot, found in list(self._slots.items()):
-            if slot not in held and self._unheld(slot, found):
+            if slot not in held and not self.counts.unref(slot, 0):
                 self._let_go(slot, found)
 
     # -- the table ---------------------------------------------------------------------
 
     def found(self, ino: int) -> Node:
-        """The node of `ino`; NotFound if it means nothing (any more): a request for an
-        inode the kernel was told to forget."""
+        """The node of `ino`; UnknownNode if it means nothing (any more): the kernel holds
+        only what it was given, so this is a defect, never a missing file."""
         try:
             return self.node(ino)
         except KeyError:
-            raise NotFound(f"inode {ino}") from None
+            raise UnknownNode(f"node id {ino} is not one the kernel was given") from None
 
     def node(self, ino: int) -> Node:
         """The node of `ino`; KeyError if it means nothing (any more)."""
@@ -344,10 +371,8 @@ class InodeTable:
         """The kernel took one more reference (a lookup or a readdirplus entry)."""
         if ino != pyfuse3.ROOT_INODE and ino in self._nodes:
             self._counts[ino] = self._counts.get(ino, 0) + 1
-        elif self.versioned and ino >> SHIFT:
-            found = self._slots.get((ino >> SHIFT) - 1)
-            if found is not None:
-                found.refs += 1
+        elif self.versioned and ino >> SHIFT and (ino >> SHIFT) - 1 in self._slots:
+            self.counts.ref((ino >> SHIFT) - 1, 1)
 
     def forget(self, ino: int, count: int) -> None:
         if ino not in self._nodes:

@@ -21,6 +21,11 @@ class NotFound(ShardfsError):
     """The path does not exist in the view."""
 
 
+class UnknownNode(ShardfsError):
+    """A request named a node that the table does not hold: a defect, answered as an I/O
+    error (never as a missing file, which a reader would take for a fill value)."""
+
+
 class MissingChunk(NotFound):
     """A key of an array's chunk grid that holds no chunk. Only a write of that chunk
     makes it exist, so a front end may let its client remember the absence as long

@@ -46,29 +46,63 @@ def fill(front: Any, slot: int, parent: int, position: int = -1, n: int = 4) -> 
     return added
 
 
-def test_a_full_table_drops_other_slots_rows_and_the_listings_holding_them(front: Any) -> None:
+def test_a_full_table_drops_the_least_recently_used_groups_and_their_listings(front: Any) -> None:
     assert front.listing(100, 4, 0)
     assert fill(front, 1, 100, position=0) == 4  # the listing of 100: slot 1's rows
     assert fill(front, 2, 200) == 4
     assert front.stats()["rows"] == 8 and front.stats()["listings"] == 1
-    assert fill(front, 3, 300) == 4  # full: the others' rows go, to three quarters at most
+    assert fill(front, 3, 300) == 4  # full: the oldest group goes, to three quarters at most
     figures = front.stats()
     assert figures["rows"] == 4 and figures["listings"] == 0, figures
-    assert figures["slots"] == 3  # (their counts of the kernel's references stay)
+    assert figures["slots"] == 3  # (slots stay, with the kernel's references)
+    assert not front.filled(100, 1) and not front.filled(200, 2) and front.filled(300, 3)
     assert fill(front, 1, 400) == 4  # filled again, as Python may
-    assert fill(front, 4, 500, n=9) == 0  # bigger than the whole table: refused
     for slot in (1, 2, 3):
-        assert front.retire(slot) == 0  # no references here: each slot let go
+        assert front.unref(slot, 0) == 0  # no references: each slot let go
     assert front.stats()["slots"] == 0 and front.stats()["rows"] == 0
 
 
+def test_a_fill_bigger_than_the_table_is_cut(front: Any) -> None:
+    """Even one group (r9: an array in one shard of a million chunks) holds no more than
+    the table's rows; the rest stay Python's."""
+    assert front.listing(100, 20, 0)
+    assert fill(front, 1, 100, position=0, n=20) == 8
+    figures = front.stats()
+    assert figures["rows"] == 8 and figures["groups"] == 1, figures
+    assert fill(front, 2, 200, n=3) == 3  # the group filled before is not protected now
+    assert front.stats()["rows"] == 3 and front.stats()["listings"] == 0
+
+
+def test_the_group_used_last_is_dropped_last(front: Any) -> None:
+    assert fill(front, 1, 100, n=3) == 3
+    assert fill(front, 2, 200, n=3) == 3
+    assert fill(front, 1, 100, n=3) == 0  # filled before: used again, nothing added
+    assert fill(front, 3, 300, n=3) == 3  # slot 2's group, the least recently used, goes
+    assert front.filled(100, 1) and not front.filled(200, 2) and front.filled(300, 3)
+
+
+def test_the_kernels_references_are_counted_here_alone(front: Any) -> None:
+    """r1/r10: a slot, and its rows, go only when every reference the kernel took (from
+    either side) is forgotten; and they go then, in the same step."""
+    assert fill(front, 1, 100) == 4
+    front.ref(1, 2)  # two lookups Python answered
+    assert front.unref(1, 1) == 1
+    assert front.stats()["rows"] == 4  # still held: its rows stay
+    assert front.unref(1, 1) == 0
+    assert front.stats()["rows"] == 0 and front.stats()["slots"] == 0
+    assert front.unref(1, 5) == 0  # (a slot not here holds none)
+    front.ref(7, 1)  # a slot Python made with no rows here
+    assert front.stats()["slots"] == 1 and front.unref(7, 0) == 1
+    assert front.unref(7, 3) == 0 and front.stats()["slots"] == 0
+
+
 def test_a_listing_goes_before_its_slots_rows(front: Any) -> None:
-    """Retiring a slot drops the listings that hold its rows first (they would hand out
+    """Letting a slot go drops the listings that hold its rows first (they would hand out
     its node ids), and only those."""
     assert front.listing(100, 8, 0) and front.listing(200, 4, 0)
     assert fill(front, 1, 100, position=0) == 4
     assert fill(front, 2, 200, position=0) == 4
-    assert front.retire(1) == 0
+    assert front.unref(1, 0) == 0
     figures = front.stats()
     assert figures["listings"] == 1 and figures["rows"] == 4, figures
     front.unlist(200)

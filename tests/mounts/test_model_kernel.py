@@ -9,7 +9,12 @@ can be left half-read while other steps run), descriptors held across steps and 
 over them split across steps, while the source changes between steps: zarr-python 3
 replaces shards (a new file renamed over) and rewrites arrays with another chunk shape or
 data type; hand-built shards are appended to in place, rewritten in place at the same
-size with their mtime put back, compacted (renamed over) and removed.
+size with their mtime put back, compacted (renamed over) and removed; and chunk files are
+written through a second, read-write shardfs mount of the same source (its commits append
+to the shard). Generic steps also drop the kernel's dentries (which sends FORGETs) and
+pages, wait past the kernel's timeout (it then asks again), and getxattr `user.md5`:
+together they find a node id handed to the kernel after its slot was let go (the fourth
+audit's r1 and r10: ENOENT for a chunk file that exists).
 
 The oracle (tests/support/shard_model.py): a pass, one open-to-EOF read of one descriptor however
 many read() calls it takes, gives exactly one version the file had at a boundary between
@@ -39,6 +44,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import hashlib
 import json
 import math
 import os
@@ -69,7 +75,7 @@ from hypothesis.stateful import (
 from shardfs.fuse.adapter import INODE_AS_FH
 from shardfs.fuse.kernel_served.front import unavailable
 from tests.conftest import Mounted
-from tests.support.shard_model import KINDS, Layout, Source, judge
+from tests.support.shard_model import KINDS, Layout, Source, encode, judge, values
 
 #: The arrays (an example works on one): `w` has 512 chunk files in one directory (2
 #: shards of 256 chunks of 128 B raw, zstd: about 70 B as written, 137 B random, 20 B
@@ -116,6 +122,8 @@ BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS", "60"))
 #: The seconds of the search without the native front (its rules are those the front's
 #: rows follow, searched with the front on for `BUDGET`).
 WITHOUT_FRONT_BUDGET = float(os.environ.get("SHARDFS_MODEL_SECONDS_WITHOUT_FRONT", "25"))
+#: The mount's cache_timeout: short enough for a step to wait past it.
+TIMEOUT = 1.0
 #: The plain variant's seconds, and examples a search.
 PLAIN_BUDGET, PLAIN_EXAMPLES = 20, 20
 SOAK = float(os.environ.get("SHARDFS_SOAK_SECONDS", "0"))
@@ -168,7 +176,7 @@ class ModelViolation(AssertionError):
 
 VIOLATIONS = {
     kind: type(f"Violation_{kind.replace('-', '_')}", (ModelViolation,), {"kind": kind})
-    for kind in [*KINDS, "stat", "listing", "errno"]
+    for kind in [*KINDS, "stat", "listing", "errno", "xattr"]
 }
 
 
@@ -182,6 +190,8 @@ class Run:
     plain: bool
     deadline: float
     per_search: int = 30
+    #: a read-write mount of the same source (None: no writes through one)
+    other: Path | None = None
     started: float = field(default_factory=time.monotonic)
     known: set[str] = field(default_factory=set)
     examples: int = 0
@@ -239,6 +249,7 @@ class KernelModel(RuleBasedStateMachine):
         self.log: list[str] = []
         self.last_change = 0.0
         self.named: list[str] = []
+        self.waited = False
 
     # -- plumbing -----------------------------------------------------------------------
     def note(self, text: str) -> None:
@@ -407,7 +418,8 @@ class KernelModel(RuleBasedStateMachine):
     @step
     def stat(self, index: int, forced: bool) -> None:
         """Lookups (os.stat: the kernel asks unless it holds the entry) or forced
-        getattrs of chunk files."""
+        getattrs of chunk files; then, as a checksum tool does, the md5 attribute (a
+        request by node id that the front passes on)."""
         array = self.array
         what = "forced getattr" if forced else "stat"
         for path in self.paths(array, index):
@@ -420,6 +432,19 @@ class KernelModel(RuleBasedStateMachine):
             sizes = sorted({len(b) for _, b in self.source.versions(path)})
             if size not in sizes:
                 self.fail("stat", f"{what} {path} gave {size} B; its versions had {sizes}")
+            if not self.run.plain:
+                self.md5(path)
+
+    def md5(self, path: str) -> None:
+        """getxattr user.md5: one version's, EIO, or ENOENT where the file was missing."""
+        try:
+            digest = os.getxattr(self.run.target / path, "user.md5").decode()
+        except OSError as e:
+            return self.error(path, e, "getxattr")
+        self.note(f"getxattr {path}: {digest[:8]}")
+        if digest not in {hashlib.md5(b).hexdigest() for _, b in self.source.versions(path)}:
+            self.fail("xattr", f"user.md5 of {path} is {digest}: no version's")
+        return None
 
     def directory(self, array: str, expired: bool) -> Path:
         """The chunk directory; `expired`: a forced getattr of it first, as when its
@@ -538,6 +563,31 @@ class KernelModel(RuleBasedStateMachine):
         for path in self.paths(array, index):
             self.read_path(path)
 
+    @rule(what=st.sampled_from(["1", "2", "3"]), then_stat=st.booleans())
+    @step
+    def drop_caches(self, what: str, then_stat: bool) -> None:
+        """The kernel drops pages (1), dentries and inodes (2: FORGETs of what no
+        descriptor or directory held open keeps), or both, as under memory pressure;
+        `then_stat`: the readers come back at once, to every file the steps name."""
+        try:
+            Path("/proc/sys/vm/drop_caches").write_text(what)
+        except OSError as e:  # (not root)
+            self.note(f"drop_caches: {e}")
+            return
+        self.note(f"dropped caches ({what})")
+        if then_stat:
+            self.stat(ALL, False)
+
+    @precondition(lambda self: not self.run.plain and not self.waited)
+    @rule()
+    @step
+    def wait(self) -> None:
+        """Wait past the kernel's timeout: its entries and attributes expire (once an
+        example: it costs seconds)."""
+        self.waited = True
+        time.sleep(TIMEOUT + 0.1)
+        self.note(f"waited {TIMEOUT + 0.1} s")
+
     # -- changes of the source ----------------------------------------------------------
     @rule(shard=st.integers(0, 3), how=st.sampled_from(HOWS))
     @step
@@ -561,6 +611,29 @@ class KernelModel(RuleBasedStateMachine):
         else:
             said = source.unlink_shard(array, shard)
         self.change(array, said)
+
+    @precondition(lambda self: self.run.other is not None)
+    @rule(index=st.integers(0, 1023), style=st.sampled_from(["random", "const"]))
+    @step
+    def write_other_mount(self, index: int, style: str) -> None:
+        """A chunk file written through another shardfs mount, read-write, of the same
+        source, and fsynced: its commit appends the chunk and a new index to the shard."""
+        assert self.run.other is not None
+        array = self.array
+        layout = self.source.layouts[array]
+        path = self.path(array, index)
+        chunk = encode(layout, values(self.source.rng(), style, layout.chunk, layout.dtype))
+        self.tick()
+        try:
+            fd = os.open(self.run.other / path, os.O_WRONLY | os.O_TRUNC)
+            try:
+                os.write(fd, chunk)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:  # (a file the grid no longer has)
+            self.note(f"write {path} through the rw mount: {e.strerror}")
+        self.change(array, f"{path} written through the rw mount ({style})")
 
     @rule(
         grid=st.sampled_from(["double", "half", "same"]),
@@ -684,14 +757,17 @@ def test_model_kernel_served(tmp_path: Path, mount: Callable[..., Mounted], fron
     source = tmp_path / "src"
     zarr.create_group(source)
     make_templates(tmp_path / "templates")
-    mounted = mount(source, "ro", "cache_timeout=30", f"front={front}")
+    mounted = mount(source, "ro", f"cache_timeout={TIMEOUT:g}", f"front={front}")
+    other = mount(source)  # read-write: its commits append to shards
     budget = SOAK or (BUDGET if front == "yes" else WITHOUT_FRONT_BUDGET)
     run = Run(source, mounted.path, tmp_path / "templates", False, started + budget)
+    run.other = other.path
     findings = search(run)
     summary = report(run, findings, started)
     print(summary)
-    assert mounted.process.poll() is None, mounted.log()
-    assert "Traceback" not in mounted.log(), mounted.log()
+    for daemon in (mounted, other):
+        assert daemon.process.poll() is None, daemon.log()
+        assert "Traceback" not in daemon.log(), daemon.log()
     assert not findings and not run.first_seen, summary
     answered = stats(mounted.path)["fuse"].get("front", {}).get("answered", {})
     if front == "yes":  # the search went through the front, not around it

@@ -314,9 +314,11 @@ class Source:
         return [(s, b) for s, b in self.history.get(path, []) if b is not None]
 
     def may_be_absent(self, path: str) -> bool:
-        """True if the file was missing at some boundary (or never existed)."""
+        """True if the file was missing at some boundary a step could see (or never
+        existed): from the first commit on, which writes the example's arrays before any
+        step reads them."""
         h = self.history.get(path, [])
-        return not h or h[0][0] > 0 or any(b is None for _, b in h)
+        return not h or h[0][0] > 1 or any(b is None for _, b in h)
 
 
 #: A verdict's kind, and the audit3 repro whose mechanism gives that outcome.

@@ -16,10 +16,15 @@
  *
  * Node ids follow InodeTable's rule (one node id, one version): a row's node id is its
  * slot's, which Python made for exactly that version. The kernel's references to a slot
- * are counted on both sides: lookups answered here count here, the rest in Python.
- * FORGET goes to Python, which takes this side's count over when its own reaches zero,
- * and drops the slot's rows here in the same step (`retire`), under the tables' lock, so
- * that no lookup can hand out a node id of a slot that is being let go.
+ * are counted here alone: lookups and listings answered here count here, and Python
+ * counts those it answers here too (`ref`). FORGET goes to Python, which subtracts here
+ * (`unref`); at zero the slot and its rows are dropped in the same step, under the
+ * tables' lock, and only then does Python let the slot go: so no node id of a slot let go
+ * is ever handed out here.
+ *
+ * Rows are held in groups, one per (slot, directory), dropped least recently used first
+ * when the rows would pass their bound; every step under the tables' lock costs O(rows
+ * freed + 1), amortised (the hash tables are sized at start, every list is doubly linked).
  *
  * Reads are served from a descriptor of the version, duplicated from the one Python
  * keeps, with preadv2(RWF_NOWAIT): page-cache hits only, so that no disk read stalls the
@@ -62,6 +67,9 @@
    beyond drops the rows of other slots until a quarter is free (their requests go to
    Python, which may fill them again); a fill bigger than all is refused. */
 #define ROWS_MAX (1 << 18)
+/* Slots at most: Python's (VERSIONED_SLOTS in shardfs/fuse/inodes.py), since a slot is
+   here only while Python holds it (it lets one go only after `unref` dropped it here). */
+#define SLOTS_MAX (1 << 20)
 /* Prepared directories at most: beyond, all of them are dropped. (Kept versions, each a
    descriptor, are bounded by the caller: `kept_max`.) */
 #define DIRS_MAX 4096
@@ -101,7 +109,8 @@ struct job {
     uint64_t unique, offset;
     size_t want, n;
     int advise;
-    char request[];
+    /* aligned as the header `forward` reads it through (after `advise`, it would not be) */
+    _Alignas(struct fuse_in_header) char request[];
 };
 
 /* A prepared directory (by node id) and the version of its array's document. */
@@ -110,23 +119,37 @@ struct dir {
     uint64_t nodeid;
     char *doc_path;
     version_t doc;
-    struct row *current; /* its rows in the name table (next_in_dir) */
+    struct group *groups; /* those with rows named here (dir_next) */
 };
 
-/* A slot (one version of an array's chunks stored in one shard): the kernel's references
-   counted here, and its rows. */
+/* A slot (one version of an array's chunks stored in one shard), by Python's number: the
+   kernel's references to its node ids, counted here alone (Python asks: `ref`, `unref`),
+   and its groups of rows. */
 struct slot {
     struct slot *next;
     uint64_t slot;
     uint64_t refs;
-    uint64_t listed; /* listings that hold rows of it */
-    struct row *rows; /* next_in_slot */
+    struct group *groups; /* slot_next */
+};
+
+/* The rows of one slot in one directory (by node id), Python's unit of filling and the
+   front's unit of dropping, least recently used first. */
+struct group {
+    struct group *next;                 /* in the groups table */
+    struct group *older, *newer;        /* the front's use order */
+    struct group *slot_prev, *slot_next;
+    struct group *dir_prev, *dir_next;  /* in `dir`'s, while rows of it are named there */
+    struct slot *slot;
+    struct dir *dir;
+    struct listing *listing; /* the listing of `parent` holding rows of it, if any */
+    uint64_t parent, nrows;
+    struct row *rows; /* next_in_group */
 };
 
 /* A listing Python took of a directory (by node id), from the position where its chunk
    files are: the rows at each position, where Python made them ready (NULL elsewhere:
-   Python answers from there), and the slots of those rows (each counted in its `listed`,
-   and the listing dropped before a slot's rows are freed). */
+   Python answers from there), and the groups of those rows (each of `nodeid`, each
+   pointing back here: the listing is dropped before a group's rows are freed). */
 struct listing {
     struct listing *next;
     uint64_t nodeid;
@@ -143,15 +166,15 @@ struct listing {
     uint64_t total;   /* positions in the listing: the end */
     uint64_t first;   /* the first position of `at` */
     struct row **at;  /* total - first */
-    struct slot **slots;
-    size_t nslots, slots_size;
+    struct group **groups;
+    size_t ngroups, groups_size;
 };
 
 struct row {
-    struct row *next_name, *next_node, *next_in_slot, *next_in_dir;
+    struct row *next_name, *next_node, *next_in_group;
     uint64_t parent, nodeid, name_hash;
     struct kept *kept;
-    struct slot *slot;
+    struct group *group;
     uint64_t offset, length;
     int64_t mtime_ns;
     uint32_t mode, uid, gid;
@@ -161,7 +184,8 @@ struct row {
 };
 
 /* Chained hash tables keyed by 64-bit numbers; each holds its items' `next` link at the
-   offset given. */
+   offset given. Their buckets are sized at start for the most items they may hold (a
+   few per bucket at most), so no call under the tables' lock ever rehashes one. */
 typedef struct {
     void **buckets;
     size_t size, count, link;
@@ -169,9 +193,19 @@ typedef struct {
 
 static void **link_of(table_t *t, void *item) { return (void **)((char *)item + t->link); }
 
-static int table_init(table_t *t, size_t link)
+/* The buckets for `n` items at most: a power of two, at least 16, at most `most`. */
+static size_t buckets_for(size_t n, size_t most)
 {
-    t->size = 1024;
+    size_t size = 16;
+    while (size < n && size < most)
+        size *= 2;
+    return size;
+}
+
+/* A table of `size` buckets (a power of two). */
+static int table_init(table_t *t, size_t link, size_t size)
+{
+    t->size = size;
     t->count = 0;
     t->link = link;
     t->buckets = calloc(t->size, sizeof(void *));
@@ -190,31 +224,8 @@ static uint64_t mix(uint64_t x)
 
 typedef uint64_t (*key_fn)(void *);
 
-static void table_grow(table_t *t, key_fn key)
-{
-    size_t size = t->size * 2;
-    void **buckets = calloc(size, sizeof(void *));
-    if (!buckets)
-        return; /* stays slower, still right */
-    for (size_t i = 0; i < t->size; i++) {
-        void *item = t->buckets[i];
-        while (item) {
-            void *next = *link_of(t, item);
-            size_t b = mix(key(item)) & (size - 1);
-            *link_of(t, item) = buckets[b];
-            buckets[b] = item;
-            item = next;
-        }
-    }
-    free(t->buckets);
-    t->buckets = buckets;
-    t->size = size;
-}
-
 static void table_put(table_t *t, void *item, key_fn key)
 {
-    if (t->count >= t->size)
-        table_grow(t, key);
     size_t b = mix(key(item)) & (t->size - 1);
     *link_of(t, item) = t->buckets[b];
     t->buckets[b] = item;
@@ -334,7 +345,8 @@ typedef struct {
     pthread_t thread;
     int started, running;
     pthread_mutex_t lock;
-    table_t kept, dirs, slots, nodes, names, listings;
+    table_t kept, dirs, slots, groups, nodes, names, listings;
+    struct group *oldest, *newest; /* groups in the order of their use */
     uint64_t rows, positions;
     size_t rows_max; /* ROWS_MAX, or fewer (tests) */
     size_t kept_max, open_fds;
@@ -350,7 +362,7 @@ typedef struct {
     pthread_cond_t work;
     struct job *jobs, *last_job;
     size_t queued;
-    char *request, *reply;
+    char *request, *reply; /* malloc's: aligned as the structures read and written there */
 } Front;
 
 static double monotonic(void)
@@ -433,6 +445,20 @@ static struct slot *slot_by_number(Front *f, uint64_t n)
     return table_find(&f->slots, n, slot_key);
 }
 
+/* The slot numbered `n`, made if it is not here (`fresh`, made outside the lock, is then
+   taken: set to NULL), or NULL if it is not and none can be made. */
+static struct slot *slot_made(Front *f, uint64_t n, struct slot **fresh)
+{
+    struct slot *s = slot_by_number(f, n);
+    if (!s && *fresh) {
+        s = *fresh;
+        *fresh = NULL;
+        *s = (struct slot){.slot = n};
+        table_put(&f->slots, s, slot_key);
+    }
+    return s;
+}
+
 static struct listing *listing_by_node(Front *f, uint64_t nodeid)
 {
     return table_find(&f->listings, nodeid, listing_key);
@@ -460,12 +486,12 @@ static int deps_hold(const struct listing *l)
 
 static void drop_listing(Front *f, struct listing *l)
 {
-    for (size_t i = 0; i < l->nslots; i++)
-        l->slots[i]->listed--;
+    for (size_t i = 0; i < l->ngroups; i++)
+        l->groups[i]->listing = NULL;
     free_deps(l->deps, l->ndeps);
     table_remove(&f->listings, l, listing_key);
     f->positions -= l->total - l->first;
-    free(l->slots);
+    free(l->groups);
     free(l->at);
     free(l);
 }
@@ -477,39 +503,22 @@ static void drop_all_listings(Front *f)
             drop_listing(f, f->listings.buckets[i]);
 }
 
-/* Drop the listings holding rows of `s` (before its rows are freed). */
-static void unlist_slot(Front *f, struct slot *s)
+/* Count `g` as held by `l` (a listing of its directory): 0, or -1 if out of memory (then
+   its rows are not listed). */
+static int list_group(struct listing *l, struct group *g)
 {
-    for (size_t i = 0; s->listed && i < f->listings.size; i++) {
-        struct listing *l = f->listings.buckets[i];
-        while (l) {
-            struct listing *next = l->next;
-            for (size_t k = 0; k < l->nslots; k++)
-                if (l->slots[k] == s) {
-                    drop_listing(f, l);
-                    break;
-                }
-            l = next;
-        }
-    }
-}
-
-/* Count `s` as held by `l`: 0, or -1 if out of memory (then the row is not listed). */
-static int list_slot(struct listing *l, struct slot *s)
-{
-    for (size_t k = l->nslots; k-- > 0;)
-        if (l->slots[k] == s)
-            return 0;
-    if (l->nslots == l->slots_size) {
-        size_t size = l->slots_size ? l->slots_size * 2 : 4;
-        struct slot **slots = realloc(l->slots, size * sizeof(*slots));
-        if (!slots)
+    if (g->listing == l)
+        return 0;
+    if (l->ngroups == l->groups_size) {
+        size_t size = l->groups_size ? l->groups_size * 2 : 4;
+        struct group **groups = realloc(l->groups, size * sizeof(*groups));
+        if (!groups)
             return -1;
-        l->slots = slots;
-        l->slots_size = size;
+        l->groups = groups;
+        l->groups_size = size;
     }
-    l->slots[l->nslots++] = s;
-    s->listed++;
+    l->groups[l->ngroups++] = g;
+    g->listing = l;
     return 0;
 }
 
@@ -522,40 +531,50 @@ static void unname(Front *f, struct row *r)
     r->in_names = 0;
 }
 
-static void undir(Front *f, struct row *r);
+static void dir_link(struct dir *d, struct group *g)
+{
+    g->dir = d;
+    g->dir_prev = NULL;
+    g->dir_next = d->groups;
+    if (d->groups)
+        d->groups->dir_prev = g;
+    d->groups = g;
+}
+
+static void dir_unlink(struct group *g)
+{
+    if (!g->dir)
+        return;
+    if (g->dir_prev)
+        g->dir_prev->dir_next = g->dir_next;
+    else
+        g->dir->groups = g->dir_next;
+    if (g->dir_next)
+        g->dir_next->dir_prev = g->dir_prev;
+    g->dir = NULL;
+}
 
 /* Answer lookups of `r`'s name in `d` (its directory) with `r`, in place of the row
-   that name had. */
+   that name had (which stays for reads by node id). */
 static void name_row(Front *f, struct dir *d, struct row *r)
 {
     struct row *old = row_by_name(f, d->nodeid, r->name, r->namelen);
-    if (old) {
+    if (old)
         unname(f, old);
-        undir(f, old);
-    }
-    r->next_in_dir = d->current;
-    d->current = r;
+    if (r->group->dir != d)
+        dir_link(d, r->group);
     table_put(&f->names, r, name_key);
     r->in_names = 1;
 }
 
-/* Unlink `r` from its directory's list of named rows. */
-static void undir(Front *f, struct row *r)
-{
-    struct dir *d = dir_by_node(f, r->parent);
-    if (!d)
-        return;
-    for (struct row **at = &d->current; *at; at = &(*at)->next_in_dir)
-        if (*at == r) {
-            *at = r->next_in_dir;
-            return;
-        }
-}
-
 static void drop_dir(Front *f, struct dir *d)
 {
-    for (struct row *r = d->current; r; r = r->next_in_dir)
-        unname(f, r);
+    while (d->groups) {
+        struct group *g = d->groups;
+        for (struct row *r = g->rows; r; r = r->next_in_group)
+            unname(f, r);
+        dir_unlink(g);
+    }
     table_remove(&f->dirs, d, dir_key);
     free(d->doc_path);
     free(d);
@@ -571,41 +590,127 @@ static void release_kept(Front *f, struct kept *k)
     free(k);
 }
 
-/* Take every row of slot `s` out of the tables (the listings holding any dropped first);
-   the slot stays. Its rows, chained by next_in_slot, are the caller's to free. */
-static struct row *unlink_rows(Front *f, struct slot *s)
+/* -- groups: the unit rows are filled and dropped in ----------------------------------- */
+
+static uint64_t group_hash(uint64_t slot, uint64_t parent)
 {
-    unlist_slot(f, s);
-    struct row *rows = s->rows;
-    for (struct row *r = rows; r; r = r->next_in_slot) {
-        unname(f, r);
-        undir(f, r);
-        table_remove(&f->nodes, r, node_key);
-        f->rows--;
-        release_kept(f, r->kept);
-    }
-    s->rows = NULL;
-    return rows;
+    return slot * 0x9e3779b97f4a7c15ULL ^ parent;
 }
 
-static void free_rows(struct row *rows)
+static uint64_t group_key(void *p)
+{
+    struct group *g = p;
+    return group_hash(g->slot->slot, g->parent);
+}
+
+static struct group *group_of(Front *f, uint64_t slot, uint64_t parent)
+{
+    for (struct group *g = table_first(&f->groups, group_hash(slot, parent)); g; g = g->next)
+        if (g->slot->slot == slot && g->parent == parent)
+            return g;
+    return NULL;
+}
+
+/* `g` was used: it is dropped last. */
+static void touch(Front *f, struct group *g)
+{
+    if (f->newest == g)
+        return;
+    if (g->older)
+        g->older->newer = g->newer;
+    else if (f->oldest == g)
+        f->oldest = g->newer;
+    if (g->newer)
+        g->newer->older = g->older;
+    g->newer = NULL;
+    g->older = f->newest;
+    if (f->newest)
+        f->newest->newer = g;
+    f->newest = g;
+    if (!f->oldest)
+        f->oldest = g;
+}
+
+/* A new, empty group of rows of `s` in directory `parent`, the newest. */
+static void group_link(Front *f, struct group *g, struct slot *s, uint64_t parent)
+{
+    *g = (struct group){.slot = s, .parent = parent, .slot_next = s->groups};
+    if (s->groups)
+        s->groups->slot_prev = g;
+    s->groups = g;
+    table_put(&f->groups, g, group_key);
+    touch(f, g);
+}
+
+/* Take group `g` and its rows out of every table (the listing holding any dropped
+   first); its rows are chained onto `*garbage` (by next_in_group), the group itself
+   too (as the chain's first item's `group`, see `free_garbage`). O(its rows + 1). */
+static void group_unlink(Front *f, struct group *g, struct row **garbage, struct group **spent)
+{
+    if (g->listing)
+        drop_listing(f, g->listing);
+    dir_unlink(g);
+    struct row *r = g->rows, *last = NULL;
+    for (; r; last = r, r = r->next_in_group) {
+        unname(f, r);
+        table_remove(&f->nodes, r, node_key);
+        release_kept(f, r->kept);
+    }
+    f->rows -= g->nrows;
+    if (last) {
+        last->next_in_group = *garbage;
+        *garbage = g->rows;
+    }
+    table_remove(&f->groups, g, group_key);
+    if (g->older)
+        g->older->newer = g->newer;
+    else
+        f->oldest = g->newer;
+    if (g->newer)
+        g->newer->older = g->older;
+    else
+        f->newest = g->older;
+    if (g->slot_prev)
+        g->slot_prev->slot_next = g->slot_next;
+    else
+        g->slot->groups = g->slot_next;
+    if (g->slot_next)
+        g->slot_next->slot_prev = g->slot_prev;
+    g->next = *spent; /* (out of the table: its link is free) */
+    *spent = g;
+}
+
+/* Free what `group_unlink` took out: outside the tables' lock. */
+static void free_garbage(struct row *rows, struct group *groups)
 {
     while (rows) {
-        struct row *next = rows->next_in_slot;
+        struct row *next = rows->next_in_group;
         free(rows);
         rows = next;
     }
+    while (groups) {
+        struct group *next = groups->next;
+        free(groups);
+        groups = next;
+    }
 }
 
-/* Room for `n` rows more: the rows of slots other than `keep` dropped until at most three
-   quarters of the front's `rows_max` are left (the kernel's references stay counted in
-   their slots). */
-static void make_room(Front *f, struct slot *keep, size_t n)
+/* Room for `n` rows more: if they would pass `rows_max`, the least recently used groups
+   other than `keep` are dropped until at most three quarters of it would be held (the
+   kernel's references stay counted in their slots). O(rows dropped + groups dropped). */
+static void make_room(Front *f, struct group *keep, size_t n, struct row **garbage,
+                      struct group **spent)
 {
-    for (size_t i = 0; i < f->slots.size && f->rows + n > f->rows_max / 4 * 3; i++)
-        for (struct slot *s = f->slots.buckets[i]; s; s = s->next)
-            if (s != keep && s->rows)
-                free_rows(unlink_rows(f, s));
+    if (f->rows + n <= f->rows_max)
+        return;
+    while (f->rows + n > f->rows_max / 4 * 3) {
+        struct group *g = f->oldest;
+        if (g == keep)
+            g = g->newer;
+        if (!g)
+            return;
+        group_unlink(f, g, garbage, spent);
+    }
 }
 
 /* -- answering ------------------------------------------------------------------------ */
@@ -637,7 +742,8 @@ static int answer_lookup(Front *f, struct fuse_in_header *in, const char *name, 
         .attr_valid_nsec = f->timeout_ns,
     };
     fill_attr(&e.attr, r);
-    r->slot->refs++; /* before the reply: the kernel holds it from then on */
+    r->group->slot->refs++; /* before the reply: the kernel holds it from then on */
+    touch(f, r->group);
     k->shown_at = monotonic();
     send_reply(f, in->unique, 0, &e, sizeof(e));
     return 1;
@@ -651,6 +757,7 @@ static int answer_getattr(Front *f, struct fuse_in_header *in)
     /* A node id names one version: its attributes never change. */
     struct fuse_attr_out a = {.attr_valid = f->timeout_s, .attr_valid_nsec = f->timeout_ns};
     fill_attr(&a.attr, r);
+    touch(f, r->group);
     send_reply(f, in->unique, 0, &a, sizeof(a));
     return 1;
 }
@@ -770,6 +877,7 @@ static int answer_read(Front *f, struct fuse_in_header *in, size_t n, const stru
             return 0;
         }
     }
+    touch(f, r->group);
     send_reply(f, in->unique, 0, f->reply, want);
     return 1;
 }
@@ -812,7 +920,8 @@ static int answer_readdirplus(Front *f, struct fuse_in_header *in, const struct 
         e->dirent.namelen = r->namelen;
         e->dirent.type = DT_REG;
         memcpy(e->dirent.name, r->name, r->namelen);
-        r->slot->refs++; /* before the reply: the kernel holds it from then on */
+        r->group->slot->refs++; /* before the reply: the kernel holds it from then on */
+        touch(f, r->group);
         r->kept->shown_at = now;
         used += len;
     }
@@ -859,7 +968,7 @@ static int answer(Front *f, struct fuse_in_header *in, size_t n, int *kind)
 }
 
 /* Pass a request on to pyfuse3, a big BATCH_FORGET in pieces. 0, or -1 if the channel
-   is gone. */
+   is gone. `buf` is aligned as a `struct fuse_in_header` (malloc's, or a job's). */
 static int forward(Front *f, char *buf, size_t n)
 {
     struct fuse_in_header *in = (struct fuse_in_header *)buf;
@@ -910,6 +1019,8 @@ static void *serve(void *arg)
                 continue; /* ENOENT: a request interrupted before it was read */
             break;        /* ENODEV: unmounted */
         }
+        if (n == 0)
+            break; /* the end of a socket standing in for the device (tests); never /dev/fuse's */
         if ((size_t)n < sizeof(struct fuse_in_header))
             continue;
         struct fuse_in_header *in = (struct fuse_in_header *)f->request;
@@ -965,6 +1076,7 @@ static void Front_dealloc(Front *f)
             drop_all_listings(f);
         table_free(&f->listings, NULL);
         table_free(&f->nodes, free);
+        table_free(&f->groups, free);
         table_free(&f->slots, free);
         table_free(&f->dirs, free_dir);
         table_free(&f->kept, free_kept);
@@ -1011,11 +1123,14 @@ static int Front_init(Front *f, PyObject *args, PyObject *kwds)
     f->timeout_ns = (uint32_t)((timeout - (double)f->timeout_s) * 1e9);
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->work, NULL);
-    if (table_init(&f->kept, offsetof(struct kept, next)) || table_init(&f->dirs, offsetof(struct dir, next))
-        || table_init(&f->slots, offsetof(struct slot, next))
-        || table_init(&f->nodes, offsetof(struct row, next_node))
-        || table_init(&f->names, offsetof(struct row, next_name))
-        || table_init(&f->listings, offsetof(struct listing, next))
+    /* (kept versions: `kept_max` with descriptors, and those dropped that rows still name) */
+    if (table_init(&f->kept, offsetof(struct kept, next), buckets_for(kept_max, 1 << 16))
+        || table_init(&f->dirs, offsetof(struct dir, next), DIRS_MAX)
+        || table_init(&f->slots, offsetof(struct slot, next), SLOTS_MAX / 4)
+        || table_init(&f->groups, offsetof(struct group, next), buckets_for(rows_max / 4, ROWS_MAX))
+        || table_init(&f->nodes, offsetof(struct row, next_node), buckets_for(rows_max, ROWS_MAX))
+        || table_init(&f->names, offsetof(struct row, next_name), buckets_for(rows_max, ROWS_MAX))
+        || table_init(&f->listings, offsetof(struct listing, next), LISTINGS_MAX)
         || !(f->request = malloc(REQUEST_BUFFER)) || !(f->reply = malloc(READ_BUFFER))) {
         PyErr_NoMemory();
         return -1;
@@ -1035,7 +1150,7 @@ static int Front_init(Front *f, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-static PyObject *Front_start(Front *f, PyObject *unused)
+static PyObject *Front_start(Front *f, PyObject *Py_UNUSED(unused))
 {
     if (f->started) {
         PyErr_SetString(PyExc_RuntimeError, "the front is started already");
@@ -1055,7 +1170,7 @@ static PyObject *Front_start(Front *f, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *Front_stop(Front *f, PyObject *unused)
+static PyObject *Front_stop(Front *f, PyObject *Py_UNUSED(unused))
 {
     /* After the unmount: the thread's read of the device then fails (ENODEV). If the
        unmount failed, the thread is left to end with the process. */
@@ -1154,6 +1269,8 @@ static PyObject *Front_fill(Front *f, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "rows of different lengths");
         return NULL;
     }
+    if ((size_t)n > f->rows_max) /* cut: no more can be held (Python answers the rest) */
+        n = (Py_ssize_t)f->rows_max;
     /* Made outside the lock, then linked in under it. */
     struct row **rows = calloc(n ? n : 1, sizeof(*rows));
     if (!rows)
@@ -1186,47 +1303,62 @@ static PyObject *Front_fill(Front *f, PyObject *args)
         memcpy(r->name, PyBytes_AS_STRING(name), len);
         r->name_hash = name_hash(parent, r->name, len);
     }
+    struct slot *fresh_slot = malloc(sizeof(struct slot));
+    struct group *fresh_group = malloc(sizeof(struct group)), *spent = NULL;
+    struct row *garbage = NULL;
+    Py_ssize_t added = 0;
     pthread_mutex_lock(&f->lock);
     struct dir *d = dir_by_node(f, parent); /* none: rows a listing sent, for reads only */
     struct kept *k = kept_by_id(f, kid);
-    struct slot *s = slot_by_number(f, slot);
-    Py_ssize_t added = 0;
-    if (k && !k->dropped && (size_t)n <= f->rows_max) {
-        if (!s && (s = calloc(1, sizeof(*s)))) {
-            s->slot = slot;
-            table_put(&f->slots, s, slot_key);
-        }
-        if (f->rows + n > f->rows_max)
-            make_room(f, s, n); /* (may drop listings: the one below is found after) */
+    struct slot *s = slot_made(f, slot, &fresh_slot);
+    struct group *g = s ? group_of(f, slot, parent) : NULL;
+    if (s && !g && fresh_group) {
+        group_link(f, g = fresh_group, s, parent);
+        fresh_group = NULL;
+    }
+    if (g && k && !k->dropped) {
+        touch(f, g);
+        make_room(f, g, n, &garbage, &spent); /* (may drop listings: the one below is found after) */
         /* the listing these rows are at `position` of, if they are a listing's */
         struct listing *l = position >= 0 ? listing_by_node(f, parent) : NULL;
         if (l && ((uint64_t)position < l->first || (uint64_t)(position + n) > l->total))
             l = NULL;
-        if (l && s && list_slot(l, s) < 0)
+        if (l && list_group(l, g) < 0)
             l = NULL;
-        for (Py_ssize_t i = 0; s && i < n; i++) {
+        /* Beyond `rows_max` the fill is cut: Python answers for the rest. */
+        for (Py_ssize_t i = 0; i < n && f->rows < f->rows_max; i++) {
             struct row *r = rows[i], *have = row_by_node(f, r->nodeid);
-            if (l)
-                l->at[position + i - l->first] = have ? have : r;
             if (have) { /* filled before: the same version's row, named here now if it was not */
-                if (d && !have->in_names && have->parent == parent)
+                if (have->group != g)
+                    continue; /* (of another directory node: not this listing's) */
+                if (l)
+                    l->at[position + i - l->first] = have;
+                if (d && !have->in_names)
                     name_row(f, d, have);
                 continue;
             }
+            if (l)
+                l->at[position + i - l->first] = r;
             r->kept = k;
-            r->slot = s;
+            r->group = g;
             k->rows++;
-            r->next_in_slot = s->rows;
-            s->rows = r;
+            r->next_in_group = g->rows;
+            g->rows = r;
+            g->nrows++;
+            f->rows++;
             table_put(&f->nodes, r, node_key);
             if (d)
                 name_row(f, d, r);
             rows[i] = NULL;
             added++;
         }
-        f->rows += added;
     }
+    if (g && !g->nrows) /* nothing of it held (its kept version dropped, or no room) */
+        group_unlink(f, g, &garbage, &spent);
     pthread_mutex_unlock(&f->lock);
+    free_garbage(garbage, spent);
+    free(fresh_slot);
+    free(fresh_group);
     for (Py_ssize_t i = 0; i < n; i++)
         free(rows[i]);
     free(rows);
@@ -1329,26 +1461,57 @@ static PyObject *Front_unlist(Front *f, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *Front_retire(Front *f, PyObject *arg)
+static PyObject *Front_ref(Front *f, PyObject *args)
 {
-    unsigned long long n = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred())
+    unsigned long long n, count;
+    if (!PyArg_ParseTuple(args, "KK", &n, &count))
         return NULL;
-    uint64_t refs = 0;
-    struct row *rows = NULL;
+    struct slot *fresh = malloc(sizeof(*fresh));
+    pthread_mutex_lock(&f->lock);
+    struct slot *s = slot_made(f, n, &fresh);
+    if (s)
+        s->refs += count;
+    pthread_mutex_unlock(&f->lock);
+    free(fresh);
+    if (!s)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Front_unref(Front *f, PyObject *args)
+{
+    unsigned long long n, count;
+    if (!PyArg_ParseTuple(args, "KK", &n, &count))
+        return NULL;
+    uint64_t left = 0;
+    struct row *garbage = NULL;
+    struct group *spent = NULL;
     pthread_mutex_lock(&f->lock);
     struct slot *s = slot_by_number(f, n);
-    if (s && s->refs) {
-        refs = s->refs; /* taken over by Python: the slot stays */
-        s->refs = 0;
-    } else if (s) {
-        rows = unlink_rows(f, s);
-        table_remove(&f->slots, s, slot_key);
-        free(s);
+    if (s) {
+        s->refs -= count < s->refs ? count : s->refs;
+        left = s->refs;
+        if (!left) { /* let go: no lookup here can hand out its node ids from now on */
+            while (s->groups)
+                group_unlink(f, s->groups, &garbage, &spent);
+            table_remove(&f->slots, s, slot_key);
+            free(s);
+        }
     }
     pthread_mutex_unlock(&f->lock);
-    free_rows(rows); /* outside the lock */
-    return PyLong_FromUnsignedLongLong(refs);
+    free_garbage(garbage, spent); /* outside the lock */
+    return PyLong_FromUnsignedLongLong(left);
+}
+
+static PyObject *Front_filled(Front *f, PyObject *args)
+{
+    unsigned long long parent, n;
+    if (!PyArg_ParseTuple(args, "KK", &parent, &n))
+        return NULL;
+    pthread_mutex_lock(&f->lock);
+    int found = slot_by_number(f, n) && group_of(f, n, parent);
+    pthread_mutex_unlock(&f->lock);
+    return PyBool_FromLong(found);
 }
 
 static PyObject *Front_shown_at(Front *f, PyObject *arg)
@@ -1387,7 +1550,7 @@ static PyObject *Front_drop(Front *f, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *Front_stats(Front *f, PyObject *unused)
+static PyObject *Front_stats(Front *f, PyObject *Py_UNUSED(unused))
 {
     PyObject *answered = PyDict_New(), *forwarded = PyDict_New(), *misses = PyDict_New();
     PyObject *result = NULL;
@@ -1399,7 +1562,7 @@ static PyObject *Front_stats(Front *f, PyObject *unused)
     memcpy(passed_n, f->passed, sizeof(passed_n));
     memcpy(miss, f->misses, sizeof(miss));
     uint64_t rows = f->rows, kept = f->open_fds, dirs = f->dirs.count, slots = f->slots.count;
-    uint64_t listings = f->listings.count;
+    uint64_t listings = f->listings.count, groups = f->groups.count;
     uint64_t disk = f->disk_reads;
     pthread_mutex_unlock(&f->lock);
     for (int i = 0; i < KINDS - 1; i++) {
@@ -1412,7 +1575,7 @@ static PyObject *Front_stats(Front *f, PyObject *unused)
     for (int op = 0; op < OPCODES; op++) {
         if (!passed_n[op])
             continue;
-        char number[16];
+        char number[24]; /* "opcode " and any int, as the compiler cannot tell op < 64 */
         const char *name = opcode_name(op);
         if (!name) {
             snprintf(number, sizeof(number), "opcode %d", op);
@@ -1431,12 +1594,12 @@ static PyObject *Front_stats(Front *f, PyObject *unused)
         if (bad)
             goto done;
     }
-    result = Py_BuildValue("{sOsOsKsOsKsKsKsKsK}", "answered", answered, "passed on", forwarded,
+    result = Py_BuildValue("{sOsOsKsOsKsKsKsKsKsK}", "answered", answered, "passed on", forwarded,
                            "read from disk", (unsigned long long)disk,
                            "misses", misses, "rows", (unsigned long long)rows, "versions",
                            (unsigned long long)kept, "directories", (unsigned long long)dirs,
                            "slots", (unsigned long long)slots, "listings",
-                           (unsigned long long)listings);
+                           (unsigned long long)listings, "groups", (unsigned long long)groups);
 done:
     Py_XDECREF(answered);
     Py_XDECREF(forwarded);
@@ -1444,7 +1607,7 @@ done:
     return result;
 }
 
-static PyObject *Front_channel(Front *f, void *unused) { return PyLong_FromLong(f->theirs); }
+static PyObject *Front_channel(Front *f, void *Py_UNUSED(unused)) { return PyLong_FromLong(f->theirs); }
 
 static PyMethodDef Front_methods[] = {
     {"start", (PyCFunction)Front_start, METH_NOARGS, "Start the thread that reads the device."},
@@ -1467,9 +1630,14 @@ static PyMethodDef Front_methods[] = {
      "made_from, what it was made from [(path, version or None, is a directory)], is given: answered "
      "from 0 too while they hold. False: refused (too big), Python answers it."},
     {"unlist", (PyCFunction)Front_unlist, METH_O, "unlist(nodeid): Python dropped its listing."},
-    {"retire", (PyCFunction)Front_retire, METH_O,
-     "retire(slot) -> references counted here: taken over (the slot stays) if any, else "
-     "the slot's rows are dropped and 0 returned."},
+    {"ref", (PyCFunction)Front_ref, METH_VARARGS,
+     "ref(slot, count): the kernel took `count` references to node ids of `slot` that "
+     "Python gave it (counted here alone; MemoryError: not counted)."},
+    {"unref", (PyCFunction)Front_unref, METH_VARARGS,
+     "unref(slot, count) -> the kernel's references left: `count` fewer (it forgot them); at "
+     "0 the slot and its rows are dropped in the same step, and Python lets it go."},
+    {"filled", (PyCFunction)Front_filled, METH_VARARGS,
+     "filled(parent, slot) -> whether rows of `slot` in directory `parent` are held."},
     {"shown_at", (PyCFunction)Front_shown_at, METH_O,
      "shown_at(id) -> when a lookup here last showed the version (time.monotonic), or 0."},
     {"drop", (PyCFunction)Front_drop, METH_O, "drop(id): the version is no longer kept."},
@@ -1495,7 +1663,10 @@ static PyTypeObject FrontType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_front", "The native front of kernel-served mounts.", -1, NULL,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_front",
+    .m_doc = "The native front of kernel-served mounts.",
+    .m_size = -1,
 };
 
 PyMODINIT_FUNC PyInit__front(void)
@@ -1512,5 +1683,6 @@ PyMODINIT_FUNC PyInit__front(void)
         return NULL;
     }
     PyModule_AddIntConstant(m, "ROWS_MAX", ROWS_MAX);
+    PyModule_AddIntConstant(m, "SLOTS_MAX", SLOTS_MAX);
     return m;
 }

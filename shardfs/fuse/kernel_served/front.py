@@ -10,10 +10,11 @@ of one shard version in one prepared directory after its own lookup there found 
 descriptor it keeps for it (`KernelVersions.lend`). Whatever the rows cannot vouch for
 comes back to Python.
 
-Two counts are shared: the kernel's references to a slot (the front's lookups count
-there; `InodeTable.shared` takes them over when Python's own count reaches zero, and
-drops the slot's rows there when there are none), and when a kept version was last shown
-(`KernelVersions.elsewhere` asks before letting it go, and tells the front when it does).
+The front owns the kernel's references to slots (`InodeTable.counts`): its lookups and
+listings count there, and so do Python's (`ref`); a FORGET subtracts there (`unref`),
+which at zero drops the slot's rows in the same step, before Python lets the slot go.
+One count is shared: when a kept version was last shown (`KernelVersions.elsewhere` asks
+before letting it go, and tells the front when it does).
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ log = logging.getLogger("shardfs")
 
 #: The share of the pins' descriptor budget the front's copies of kept versions may use.
 DESCRIPTOR_SHARE = 4
-#: (directory, slot) pairs remembered as filled, all forgotten when full.
-FILLED_KEPT = 1 << 16
 
 
 def unavailable() -> str | None:
@@ -76,9 +75,6 @@ class NativeFront:
         #: the front's numbers of the kept versions it holds, by (key, version)
         self._ids: dict[tuple[str, Hashable], int] = {}
         self._next_id = itertools.count(1)
-        #: the directories each slot's rows were given for (see `fill`)
-        self._filled: dict[int, set[int]] = {}
-        self._filled_count = 0
 
     def attach(self) -> None:
         """Start answering: the front reads the device from now on, and pyfuse3 reads what
@@ -112,8 +108,7 @@ class NativeFront:
         """Give the front the rows of the shard version `found` (just found by a lookup in
         directory `parent`, and numbered from `base` in `slot`) in that directory."""
         c = self._c
-        parents = self._filled.get(slot)
-        if c is None or (parents is not None and parent in parents):
+        if c is None or c.filled(parent, slot):
             return
         rows = leaf.shard_rows(found)
         attr = found[3]
@@ -127,11 +122,6 @@ class NativeFront:
         mode, uid, gid = self._owners.of(False, attr.access)
         nodeids = [base + i for i in indices]
         c.fill(parent, ident, slot, names, nodeids, offsets, lengths, stat.mtime_ns, mode, uid, gid)
-        if self._filled_count >= FILLED_KEPT:
-            self._filled.clear()
-            self._filled_count = 0
-        self._filled.setdefault(slot, set()).add(parent)
-        self._filled_count += 1
 
     def listing(
         self,
@@ -231,15 +221,15 @@ class NativeFront:
 
     # -- what it tells Python --------------------------------------------------------
 
-    def retire(self, slot: int) -> int:
-        """`InodeTable.shared`: the front's references to `slot`, taken over; or 0, the
-        slot's rows dropped there."""
-        if self._c is None:
-            return 0
-        refs: int = self._c.retire(slot)
-        if not refs:
-            self._filled.pop(slot, None)
-        return refs
+    def ref(self, slot: int, count: int) -> None:
+        """`SlotCounts.ref`: counted in the front's tables (attached: see
+        `KernelServing.start_front`)."""
+        self._c.ref(slot, count)
+
+    def unref(self, slot: int, count: int) -> int:
+        """`SlotCounts.unref`: at 0 the front has dropped the slot and its rows."""
+        left: int = self._c.unref(slot, count)
+        return left
 
     def shown_at(self, key: str, version: Hashable) -> float:
         """`KeptElsewhere.shown_at`."""

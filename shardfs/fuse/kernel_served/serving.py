@@ -180,7 +180,6 @@ class KernelServing:
         if native is not None:
             native.versions = self.versions
             self.versions.elsewhere = native
-            self.inodes.shared = native.retire
         #: the show whose reads last failed, by inode: logged once
         self._failed_shows: dict[int, int] = {}
         # a listing's window of prepared rows, and the versions it was made from, go with it
@@ -200,11 +199,21 @@ class KernelServing:
         #: dropped first)
         self._extents: dict[int, Extent] = {}
 
-    def without_front(self, why: str) -> None:
-        """Serve everything in Python: the front could not start (`why`)."""
-        self.front, self.front_off = None, why
-        self.inodes.shared = None
-        self.versions.elsewhere = None
+    def start_front(self) -> None:
+        """Have the native front answer from now on (after pyfuse3's init, before its
+        loop: before the kernel's first request reaches Python). It then owns the counts
+        of the kernel's references to slots, since it answers lookups itself; if it
+        cannot start, Python serves everything and keeps them."""
+        front = self.front
+        if front is None:
+            return
+        try:
+            front.attach()
+        except OSError as e:  # (nothing is passed through it yet: pyfuse3 reads the device)
+            self.front, self.front_off = None, f"it could not start: {e}"
+            self.versions.elsewhere = None
+            return
+        self.inodes.counts = front
 
     def stats(self) -> dict[str, Any]:
         """The figures of `shardfs stats` that are this mount's: the native front's (or why
@@ -313,7 +322,7 @@ class KernelServing:
             return None
         _, _, index, attr, seen = found
         ino = held[0] + index
-        held[1].refs += 1  # `InodeTable.ref`, inline
+        self.inodes.ref_slot((held[0] >> SHIFT) - 1, 1)  # `InodeTable.ref`, inline
         self.versions.keep(seen)  # `_version_shown`, inline
         if attr.extent is not None:  # `_version_shown`, inline
             extents = self._extents
