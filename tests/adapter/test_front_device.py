@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,3 +101,14 @@ def test_a_big_batch_forget_goes_to_python_in_pieces(started: Started) -> None:
         body = message[HEADER.size + 8 :]
         got += [body[i : i + FORGET_ONE.size] for i in range(0, len(body), FORGET_ONE.size)]
     assert got == entries
+
+
+def test_it_stops_while_requests_it_passed_on_wait(started: Started) -> None:
+    """Readers busy at the unmount: requests passed on that Python will not answer keep the
+    connection, so no ENODEV ends the front's read of the device; `stop` interrupts it
+    (the daemon used to wait 5 s for it, then leave it to the process's end)."""
+    started.device.send(request(READ, 2, (9 + 1) << 40, READ_IN.pack(0, 0, 4096, 0, 0, 0, 0)))
+    assert started.channel.recv(1 << 20)  # passed on (no row), never answered
+    began = time.monotonic()
+    assert started.front.stop()  # while the device stays open
+    assert time.monotonic() - began < 1

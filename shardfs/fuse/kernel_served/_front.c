@@ -41,6 +41,7 @@
 #include <fcntl.h>
 #include <linux/fuse.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -359,6 +360,7 @@ typedef struct {
     uint64_t disk_reads;
     pthread_t workers[WORKERS];
     int nworkers, stopping;
+    int leaving; /* `stop` was called: the thread ends at its next EINTR */
     pthread_cond_t work;
     struct job *jobs, *last_job;
     size_t queued;
@@ -1015,6 +1017,8 @@ static void *serve(void *arg)
     for (;;) {
         ssize_t n = read(f->dev, f->request, REQUEST_BUFFER);
         if (n < 0) {
+            if (errno == EINTR && __atomic_load_n(&f->leaving, __ATOMIC_ACQUIRE))
+                break; /* `stop`: requests still on their way are left to the unmount's end */
             if (errno == EINTR || errno == EAGAIN || errno == ENOENT)
                 continue; /* ENOENT: a request interrupted before it was read */
             break;        /* ENODEV: unmounted */
@@ -1150,12 +1154,21 @@ static int Front_init(Front *f, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+/* The signal `stop` interrupts the thread's read of the device with; its handler does
+   nothing (installed without SA_RESTART, so that the read fails with EINTR). */
+#define WAKE (SIGRTMIN + 4)
+
+static void woken(int sig) { (void)sig; }
+
 static PyObject *Front_start(Front *f, PyObject *Py_UNUSED(unused))
 {
     if (f->started) {
         PyErr_SetString(PyExc_RuntimeError, "the front is started already");
         return NULL;
     }
+    struct sigaction wake = {.sa_handler = woken};
+    if (sigaction(WAKE, &wake, NULL) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
     f->running = 1;
     for (int i = 0; i < WORKERS; i++) /* fewer if the system refuses: reads go to Python */
         if (pthread_create(&f->workers[f->nworkers], NULL, work, f) == 0)
@@ -1172,15 +1185,28 @@ static PyObject *Front_start(Front *f, PyObject *Py_UNUSED(unused))
 
 static PyObject *Front_stop(Front *f, PyObject *Py_UNUSED(unused))
 {
-    /* After the unmount: the thread's read of the device then fails (ENODEV). If the
-       unmount failed, the thread is left to end with the process. */
+    /* After the unmount, when pyfuse3 reads the channel no more. The thread's read of
+       the device then fails (ENODEV), unless requests it passed on are still unanswered
+       (readers busy at the unmount): those keep the connection, and the read waits. So
+       its read is interrupted (WAKE, until it ends: a signal sent just before the read
+       would be lost), and a send waiting for room in the channel fails. The requests
+       left go with the connection when the process ends. */
     if (f->started) {
-        struct timespec until;
-        int e;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += 5;
+        __atomic_store_n(&f->leaving, 1, __ATOMIC_RELEASE);
+        shutdown(f->ours, SHUT_WR);
+        int e = ETIMEDOUT;
         Py_BEGIN_ALLOW_THREADS
-        e = pthread_timedjoin_np(f->thread, NULL, &until);
+        for (int tries = 0; e == ETIMEDOUT && tries < 50; tries++) {
+            pthread_kill(f->thread, WAKE);
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 100000000;
+            if (until.tv_nsec >= 1000000000) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000;
+            }
+            e = pthread_timedjoin_np(f->thread, NULL, &until);
+        }
         Py_END_ALLOW_THREADS
         if (e)
             Py_RETURN_FALSE;
