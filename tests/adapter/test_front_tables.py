@@ -55,7 +55,7 @@ def test_a_full_table_drops_the_least_recently_used_groups_and_their_listings(fr
     figures = front.stats()
     assert figures["rows"] == 4 and figures["listings"] == 0, figures
     assert figures["slots"] == 3  # (slots stay, with the kernel's references)
-    assert not front.filled(100, 1) and not front.filled(200, 2) and front.filled(300, 3)
+    assert fill(front, 3, 300) == 0  # held: its rows are there
     assert fill(front, 1, 400) == 4  # filled again, as Python may
     for slot in (1, 2, 3):
         assert front.unref(slot, 0) == 0  # no references: each slot let go
@@ -78,7 +78,8 @@ def test_the_group_used_last_is_dropped_last(front: Any) -> None:
     assert fill(front, 2, 200, n=3) == 3
     assert fill(front, 1, 100, n=3) == 0  # filled before: used again, nothing added
     assert fill(front, 3, 300, n=3) == 3  # slot 2's group, the least recently used, goes
-    assert front.filled(100, 1) and not front.filled(200, 2) and front.filled(300, 3)
+    assert fill(front, 1, 100, n=3) == 0 and fill(front, 3, 300, n=3) == 0  # (held)
+    assert fill(front, 2, 200, n=3) == 3  # (dropped: filled again)
 
 
 def test_the_kernels_references_are_counted_here_alone(front: Any) -> None:

@@ -115,12 +115,20 @@ struct job {
 };
 
 /* A prepared directory (by node id) and the version of its array's document. */
+/* A doubly linked list of groups, each holding its place in it at the same offset. */
+struct list {
+    struct group *first, *last;
+};
+struct place {
+    struct group *prev, *next;
+};
+
 struct dir {
     struct dir *next;
     uint64_t nodeid;
     char *doc_path;
     version_t doc;
-    struct group *groups; /* those with rows named here (dir_next) */
+    struct list groups; /* those with rows named here (in_dir) */
 };
 
 /* A slot (one version of an array's chunks stored in one shard), by Python's number: the
@@ -130,16 +138,16 @@ struct slot {
     struct slot *next;
     uint64_t slot;
     uint64_t refs;
-    struct group *groups; /* slot_next */
+    struct list groups; /* in_slot */
 };
 
 /* The rows of one slot in one directory (by node id), Python's unit of filling and the
    front's unit of dropping, least recently used first. */
 struct group {
-    struct group *next;                 /* in the groups table */
-    struct group *older, *newer;        /* the front's use order */
-    struct group *slot_prev, *slot_next;
-    struct group *dir_prev, *dir_next;  /* in `dir`'s, while rows of it are named there */
+    struct group *next; /* in the groups table */
+    struct place use;   /* in the front's use order, the least recently used first */
+    struct place in_slot;
+    struct place in_dir; /* in `dir`'s, while rows of it are named there */
     struct slot *slot;
     struct dir *dir;
     struct listing *listing; /* the listing of `parent` holding rows of it, if any */
@@ -347,7 +355,7 @@ typedef struct {
     int started, running;
     pthread_mutex_t lock;
     table_t kept, dirs, slots, groups, nodes, names, listings;
-    struct group *oldest, *newest; /* groups in the order of their use */
+    struct list use; /* groups in the order of their use */
     uint64_t rows, positions;
     size_t rows_max; /* ROWS_MAX, or fewer (tests) */
     size_t kept_max, open_fds;
@@ -533,26 +541,40 @@ static void unname(Front *f, struct row *r)
     r->in_names = 0;
 }
 
-static void dir_link(struct dir *d, struct group *g)
+#define USE offsetof(struct group, use)
+#define IN_SLOT offsetof(struct group, in_slot)
+#define IN_DIR offsetof(struct group, in_dir)
+
+static struct place *place(struct group *g, size_t at) { return (struct place *)((char *)g + at); }
+
+/* Put `g` last in `l` (its place at offset `at`). */
+static void list_append(struct list *l, struct group *g, size_t at)
 {
-    g->dir = d;
-    g->dir_prev = NULL;
-    g->dir_next = d->groups;
-    if (d->groups)
-        d->groups->dir_prev = g;
-    d->groups = g;
+    *place(g, at) = (struct place){.prev = l->last};
+    if (l->last)
+        place(l->last, at)->next = g;
+    else
+        l->first = g;
+    l->last = g;
+}
+
+static void list_remove(struct list *l, struct group *g, size_t at)
+{
+    struct place *p = place(g, at);
+    if (p->prev)
+        place(p->prev, at)->next = p->next;
+    else
+        l->first = p->next;
+    if (p->next)
+        place(p->next, at)->prev = p->prev;
+    else
+        l->last = p->prev;
 }
 
 static void dir_unlink(struct group *g)
 {
-    if (!g->dir)
-        return;
-    if (g->dir_prev)
-        g->dir_prev->dir_next = g->dir_next;
-    else
-        g->dir->groups = g->dir_next;
-    if (g->dir_next)
-        g->dir_next->dir_prev = g->dir_prev;
+    if (g->dir)
+        list_remove(&g->dir->groups, g, IN_DIR);
     g->dir = NULL;
 }
 
@@ -563,16 +585,18 @@ static void name_row(Front *f, struct dir *d, struct row *r)
     struct row *old = row_by_name(f, d->nodeid, r->name, r->namelen);
     if (old)
         unname(f, old);
-    if (r->group->dir != d)
-        dir_link(d, r->group);
+    if (r->group->dir != d) {
+        r->group->dir = d;
+        list_append(&d->groups, r->group, IN_DIR);
+    }
     table_put(&f->names, r, name_key);
     r->in_names = 1;
 }
 
 static void drop_dir(Front *f, struct dir *d)
 {
-    while (d->groups) {
-        struct group *g = d->groups;
+    while (d->groups.first) {
+        struct group *g = d->groups.first;
         for (struct row *r = g->rows; r; r = r->next_in_group)
             unname(f, r);
         dir_unlink(g);
@@ -616,32 +640,19 @@ static struct group *group_of(Front *f, uint64_t slot, uint64_t parent)
 /* `g` was used: it is dropped last. */
 static void touch(Front *f, struct group *g)
 {
-    if (f->newest == g)
+    if (f->use.last == g)
         return;
-    if (g->older)
-        g->older->newer = g->newer;
-    else if (f->oldest == g)
-        f->oldest = g->newer;
-    if (g->newer)
-        g->newer->older = g->older;
-    g->newer = NULL;
-    g->older = f->newest;
-    if (f->newest)
-        f->newest->newer = g;
-    f->newest = g;
-    if (!f->oldest)
-        f->oldest = g;
+    list_remove(&f->use, g, USE);
+    list_append(&f->use, g, USE);
 }
 
 /* A new, empty group of rows of `s` in directory `parent`, the newest. */
 static void group_link(Front *f, struct group *g, struct slot *s, uint64_t parent)
 {
-    *g = (struct group){.slot = s, .parent = parent, .slot_next = s->groups};
-    if (s->groups)
-        s->groups->slot_prev = g;
-    s->groups = g;
+    *g = (struct group){.slot = s, .parent = parent};
+    list_append(&s->groups, g, IN_SLOT);
     table_put(&f->groups, g, group_key);
-    touch(f, g);
+    list_append(&f->use, g, USE);
 }
 
 /* Take group `g` and its rows out of every table (the listing holding any dropped
@@ -664,20 +675,8 @@ static void group_unlink(Front *f, struct group *g, struct row **garbage, struct
         *garbage = g->rows;
     }
     table_remove(&f->groups, g, group_key);
-    if (g->older)
-        g->older->newer = g->newer;
-    else
-        f->oldest = g->newer;
-    if (g->newer)
-        g->newer->older = g->older;
-    else
-        f->newest = g->older;
-    if (g->slot_prev)
-        g->slot_prev->slot_next = g->slot_next;
-    else
-        g->slot->groups = g->slot_next;
-    if (g->slot_next)
-        g->slot_next->slot_prev = g->slot_prev;
+    list_remove(&f->use, g, USE);
+    list_remove(&g->slot->groups, g, IN_SLOT);
     g->next = *spent; /* (out of the table: its link is free) */
     *spent = g;
 }
@@ -706,9 +705,9 @@ static void make_room(Front *f, struct group *keep, size_t n, struct row **garba
     if (f->rows + n <= f->rows_max)
         return;
     while (f->rows + n > f->rows_max / 4 * 3) {
-        struct group *g = f->oldest;
-        if (g == keep)
-            g = g->newer;
+        struct group *g = f->use.first;
+        if (g == keep) /* (the last: it was used just now) */
+            g = g->use.next;
         if (!g)
             return;
         group_unlink(f, g, garbage, spent);
@@ -1344,7 +1343,10 @@ static PyObject *Front_fill(Front *f, PyObject *args)
     }
     if (g && k && !k->dropped) {
         touch(f, g);
-        make_room(f, g, n, &garbage, &spent); /* (may drop listings: the one below is found after) */
+        size_t fresh = 0; /* rows not held yet: those the room is made for */
+        for (Py_ssize_t i = 0; i < n; i++)
+            fresh += !row_by_node(f, rows[i]->nodeid);
+        make_room(f, g, fresh, &garbage, &spent); /* (may drop listings: found after) */
         /* the listing these rows are at `position` of, if they are a listing's */
         struct listing *l = position >= 0 ? listing_by_node(f, parent) : NULL;
         if (l && ((uint64_t)position < l->first || (uint64_t)(position + n) > l->total))
@@ -1518,8 +1520,8 @@ static PyObject *Front_unref(Front *f, PyObject *args)
         s->refs -= count < s->refs ? count : s->refs;
         left = s->refs;
         if (!left) { /* let go: no lookup here can hand out its node ids from now on */
-            while (s->groups)
-                group_unlink(f, s->groups, &garbage, &spent);
+            while (s->groups.first)
+                group_unlink(f, s->groups.first, &garbage, &spent);
             table_remove(&f->slots, s, slot_key);
             free(s);
         }
@@ -1527,17 +1529,6 @@ static PyObject *Front_unref(Front *f, PyObject *args)
     pthread_mutex_unlock(&f->lock);
     free_garbage(garbage, spent); /* outside the lock */
     return PyLong_FromUnsignedLongLong(left);
-}
-
-static PyObject *Front_filled(Front *f, PyObject *args)
-{
-    unsigned long long parent, n;
-    if (!PyArg_ParseTuple(args, "KK", &parent, &n))
-        return NULL;
-    pthread_mutex_lock(&f->lock);
-    int found = slot_by_number(f, n) && group_of(f, n, parent);
-    pthread_mutex_unlock(&f->lock);
-    return PyBool_FromLong(found);
 }
 
 static PyObject *Front_shown_at(Front *f, PyObject *arg)
@@ -1662,8 +1653,6 @@ static PyMethodDef Front_methods[] = {
     {"unref", (PyCFunction)Front_unref, METH_VARARGS,
      "unref(slot, count) -> the kernel's references left: `count` fewer (it forgot them); at "
      "0 the slot and its rows are dropped in the same step, and Python lets it go."},
-    {"filled", (PyCFunction)Front_filled, METH_VARARGS,
-     "filled(parent, slot) -> whether rows of `slot` in directory `parent` are held."},
     {"shown_at", (PyCFunction)Front_shown_at, METH_O,
      "shown_at(id) -> when a lookup here last showed the version (time.monotonic), or 0."},
     {"drop", (PyCFunction)Front_drop, METH_O, "drop(id): the version is no longer kept."},

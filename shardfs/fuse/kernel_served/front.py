@@ -43,6 +43,9 @@ except ImportError:  # not built: mounts run without it (`unavailable`)
 
 log = logging.getLogger("shardfs")
 
+#: (directory, slot) pairs remembered as filled, all forgotten when full.
+FILLED_KEPT = 1 << 16
+
 #: The share of the pins' descriptor budget the front's copies of kept versions may use.
 DESCRIPTOR_SHARE = 4
 
@@ -72,6 +75,9 @@ class NativeFront:
             (storage.descriptor_budget() or 0) // DESCRIPTOR_SHARE
         )
         self._c: Any = None  # a `_front.Front` once attached
+        #: the directories each slot's rows were given for by `fill` (see there)
+        self._filled: dict[int, set[int]] = {}
+        self._filled_count = 0
         #: the front's numbers of the kept versions it holds, by (key, version)
         self._ids: dict[tuple[str, Hashable], int] = {}
         self._next_id = itertools.count(1)
@@ -106,9 +112,13 @@ class NativeFront:
         self, parent: int, leaf: PreparedDirectory, found: Found, base: int, slot: int
     ) -> None:
         """Give the front the rows of the shard version `found` (just found by a lookup in
-        directory `parent`, and numbered from `base` in `slot`) in that directory."""
+        directory `parent`, and numbered from `base` in `slot`) in that directory; once: if
+        the front dropped them for room, the lookups of their chunks are Python's from then
+        on (filling them again at each such lookup, with the table full, costs more than
+        it saves when readers go back and forth over more than it holds)."""
         c = self._c
-        if c is None or c.filled(parent, slot):
+        parents = self._filled.get(slot)
+        if c is None or (parents is not None and parent in parents):
             return
         rows = leaf.shard_rows(found)
         attr = found[3]
@@ -122,6 +132,11 @@ class NativeFront:
         mode, uid, gid = self._owners.of(False, attr.access)
         nodeids = [base + i for i in indices]
         c.fill(parent, ident, slot, names, nodeids, offsets, lengths, stat.mtime_ns, mode, uid, gid)
+        if self._filled_count >= FILLED_KEPT:
+            self._filled.clear()
+            self._filled_count = 0
+        self._filled.setdefault(slot, set()).add(parent)
+        self._filled_count += 1
 
     def listing(
         self,
@@ -229,6 +244,8 @@ class NativeFront:
     def unref(self, slot: int, count: int) -> int:
         """`SlotCounts.unref`: at 0 the front has dropped the slot and its rows."""
         left: int = self._c.unref(slot, count)
+        if not left:
+            self._filled.pop(slot, None)
         return left
 
     def shown_at(self, key: str, version: Hashable) -> float:
