@@ -1126,13 +1126,16 @@ static int Front_init(Front *f, PyObject *args, PyObject *kwds)
     f->timeout_ns = (uint32_t)((timeout - (double)f->timeout_s) * 1e9);
     pthread_mutex_init(&f->lock, NULL);
     pthread_cond_init(&f->work, NULL);
-    /* (kept versions: `kept_max` with descriptors, and those dropped that rows still name) */
+    /* Buckets for a few items each at the most (kept versions: `kept_max` with descriptors,
+       and those dropped that rows still name; slots: 16 at Python's most, a few thousand in
+       use mostly), so that the tables' buckets cost 1.6 MiB in all, not the 6.5 of one each:
+       they are all written to in a walk of a hundred thousand files. */
     if (table_init(&f->kept, offsetof(struct kept, next), buckets_for(kept_max, 1 << 16))
         || table_init(&f->dirs, offsetof(struct dir, next), DIRS_MAX)
-        || table_init(&f->slots, offsetof(struct slot, next), SLOTS_MAX / 4)
-        || table_init(&f->groups, offsetof(struct group, next), buckets_for(rows_max / 4, ROWS_MAX))
-        || table_init(&f->nodes, offsetof(struct row, next_node), buckets_for(rows_max, ROWS_MAX))
-        || table_init(&f->names, offsetof(struct row, next_name), buckets_for(rows_max, ROWS_MAX))
+        || table_init(&f->slots, offsetof(struct slot, next), SLOTS_MAX / 16)
+        || table_init(&f->groups, offsetof(struct group, next), buckets_for(rows_max / 16, ROWS_MAX))
+        || table_init(&f->nodes, offsetof(struct row, next_node), buckets_for(rows_max / 4, ROWS_MAX))
+        || table_init(&f->names, offsetof(struct row, next_name), buckets_for(rows_max / 4, ROWS_MAX))
         || table_init(&f->listings, offsetof(struct listing, next), LISTINGS_MAX)
         || !(f->request = malloc(REQUEST_BUFFER)) || !(f->reply = malloc(READ_BUFFER))) {
         PyErr_NoMemory();
@@ -1629,7 +1632,8 @@ static PyObject *Front_channel(Front *f, void *Py_UNUSED(unused)) { return PyLon
 static PyMethodDef Front_methods[] = {
     {"start", (PyCFunction)Front_start, METH_NOARGS, "Start the thread that reads the device."},
     {"stop", (PyCFunction)Front_stop, METH_NOARGS,
-     "Wait up to 5 s for the thread to end (after the unmount): whether it did."},
+     "After the unmount: end the thread (its read of the device interrupted) within 5 s: "
+     "whether it ended."},
     {"directory", (PyCFunction)Front_directory, METH_VARARGS,
      "directory(nodeid, doc_path, doc_version): a prepared directory, its array's document "
      "at that version; its rows named before are dropped."},

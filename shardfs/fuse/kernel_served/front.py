@@ -94,8 +94,9 @@ class NativeFront:
         self._c = c
 
     def stop(self) -> None:
-        """Wait for the front's thread to end; after the unmount (it ends at ENODEV). If the
-        unmount failed, it is left to end with the process, and the log says so."""
+        """End the front's thread, after the unmount (its read of the device is
+        interrupted: requests Python left unanswered would keep it waiting). If it does not
+        end within 5 s, it is left to end with the process, and the log says so."""
         if self._c is not None and not self._c.stop():
             log.warning("the native front did not stop within 5 s of the unmount")
 
