@@ -1346,9 +1346,12 @@ static PyObject *Front_fill(Front *f, PyObject *args)
     }
     if (g && k && !k->dropped) {
         touch(f, g);
-        size_t fresh = 0; /* rows not held yet: those the room is made for */
-        for (Py_ssize_t i = 0; i < n; i++)
-            fresh += !row_by_node(f, rows[i]->nodeid);
+        /* the rows not held yet, those the room is made for: counted only where all of
+           them would not fit */
+        size_t fresh = n;
+        if (f->rows + n > f->rows_max)
+            for (Py_ssize_t i = 0; i < n; i++)
+                fresh -= row_by_node(f, rows[i]->nodeid) != NULL;
         make_room(f, g, fresh, &garbage, &spent); /* (may drop listings: found after) */
         /* the listing these rows are at `position` of, if they are a listing's */
         struct listing *l = position >= 0 ? listing_by_node(f, parent) : NULL;
