@@ -118,8 +118,32 @@ def fuse_absent() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `fuse` mount for real: skipped, with the reason, where FUSE is absent."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stress",
+        action="store_true",
+        help="run the stress tier too (tests marked stress): long stress, scale and timing runs",
+    )
+
+
+#: Fixtures of the ordinary users' accounts, homes and /dev/fuse's mode, which a test may
+#: change for as long as it runs: the tests using them run one after another, on one
+#: worker of `pytest -n` (`--dist loadgroup`).
+USERS_FIXTURES = {"users", "user_shardfs", "public_dir"}
+
+
+@pytest.hookimpl(tryfirst=True)  # (before pytest-xdist reads the groups)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `fuse` mount for real: skipped, with the reason, where FUSE is absent.
+    Tests marked `stress` are left out unless --stress is given."""
+    for item in items:
+        if USERS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("users"))
+    if not config.getoption("--stress"):
+        stress = [item for item in items if item.get_closest_marker("stress") is not None]
+        if stress:
+            config.hook.pytest_deselected(items=stress)
+            items[:] = [item for item in items if item.get_closest_marker("stress") is None]
     why = fuse_absent()
     if why is not None:
         skip = pytest.mark.skip(reason=f"FUSE is absent: {why}")

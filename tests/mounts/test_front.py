@@ -74,6 +74,7 @@ def source(tmp_path: Path) -> Path:
     return src
 
 
+@pytest.mark.alone  # it drops the kernel's caches
 def test_the_front_answers_lookups_reads_and_ioctls_with_the_bytes_python_would(
     source: Path, mount: Any
 ) -> None:
@@ -121,6 +122,7 @@ def test_a_new_version_goes_to_python_and_gets_new_node_ids(source: Path, mount:
     assert stats(mounted.path)["front"]["misses"]["changed"] > 0
 
 
+@pytest.mark.alone  # it drops the kernel's caches
 def test_forgotten_versions_leave_the_front_and_come_back(source: Path, mount: Any) -> None:
     """The kernel forgets every chunk file (caches dropped): the slots are let go on both
     sides (the front's count taken over first), and a second read fills them again."""
@@ -139,12 +141,11 @@ def test_forgotten_versions_leave_the_front_and_come_back(source: Path, mount: A
     assert stats(mounted.path)["front"]["rows"] > 0
 
 
-#: Seconds of the stress run (`test_stress_every_pass_is_one_version`): 0, the default,
-#: skips it; it is a flag, not part of the suite (60 or more, as the issue asks).
-STRESS = float(os.environ.get("SHARDFS_FRONT_STRESS_SECONDS", "0"))
+#: Seconds of the stress run (`test_stress_every_pass_is_one_version`, in the stress tier).
+STRESS = float(os.environ.get("SHARDFS_FRONT_STRESS_SECONDS", "60"))
 
 
-@pytest.mark.skipif(not STRESS, reason="SHARDFS_FRONT_STRESS_SECONDS=N runs it for N seconds")
+@pytest.mark.stress
 @pytest.mark.parametrize("front", ["yes", "no"])
 def test_stress_every_pass_is_one_version(tmp_path: Path, mount: Any, front: str) -> None:
     """8 threads read whole chunk files (one open-to-EOF pass each; half of them list the
@@ -219,6 +220,7 @@ def test_stress_every_pass_is_one_version(tmp_path: Path, mount: Any, front: str
     assert mounted.process.poll() is None and "Traceback" not in mounted.log(), mounted.log()
 
 
+@pytest.mark.alone  # it drops the kernel's caches
 def test_the_front_pages_on_through_a_listing_python_took(source: Path, mount: Any) -> None:
     """A directory of 1,024 chunk files (4 shards), listed: Python answers the first page
     and makes the rows ready, the front the pages after it, each entry a reference of the

@@ -127,6 +127,8 @@ TIMEOUT = 1.0
 #: The plain variant's seconds, and examples a search.
 PLAIN_BUDGET, PLAIN_EXAMPLES = 20, 20
 SOAK = float(os.environ.get("SHARDFS_SOAK_SECONDS", "0"))
+#: Seconds of each search of the stress tier (`test_model_kernel_served_long`).
+STRESS_BUDGET = 240
 #: Seconds Hypothesis may shrink one search's failures (the rest is left for others).
 SHRINK = 12 if not SOAK else 120
 #: A file every violation seen is appended to (with its example's steps), shrunk or not.
@@ -190,6 +192,8 @@ class Run:
     plain: bool
     deadline: float
     per_search: int = 30
+    #: the first search's seed (the next search's is one more)
+    seed: int = SEED
     #: a read-write mount of the same source (None: no writes through one)
     other: Path | None = None
     started: float = field(default_factory=time.monotonic)
@@ -678,7 +682,7 @@ def search(run: Run) -> list[tuple[str, str]]:
     while time.monotonic() < run.deadline:
         factory: Callable[[], KernelModel] = lambda: KernelModel(run)  # noqa: E731
         if not SOAK:
-            factory = seed(SEED + attempt)(factory)
+            factory = seed(run.seed + attempt)(factory)
         config = settings(
             max_examples=examples_that_fit(run, first),
             stateful_step_count=STEPS,
@@ -745,12 +749,37 @@ def report(run: Run, findings: list[tuple[str, str]], started: float) -> str:
 
 
 @pytest.mark.fuse
+@pytest.mark.alone  # it drops the kernel's caches
 @pytest.mark.skipif(not INODE_AS_FH, reason="this pyfuse3 lacks the patch in patches/")
 @pytest.mark.parametrize("front", ["yes", "no"])
 def test_model_kernel_served(tmp_path: Path, mount: Callable[..., Mounted], front: str) -> None:
     """Random interleavings of reads, listings and source changes on a kernel-served
     mount: every pass gives one version, whole, or EIO; with the native front answering
     what it can, and without it (a shorter search: the front's rows are what is new)."""
+    budget = SOAK or (BUDGET if front == "yes" else WITHOUT_FRONT_BUDGET)
+    search_kernel_served(tmp_path, mount, front, budget)
+
+
+@pytest.mark.fuse
+@pytest.mark.alone
+@pytest.mark.stress
+@pytest.mark.skipif(not INODE_AS_FH, reason="this pyfuse3 lacks the patch in patches/")
+@pytest.mark.parametrize("front", ["yes", "no"])
+def test_model_kernel_served_long(
+    tmp_path: Path, mount: Callable[..., Mounted], front: str
+) -> None:
+    """The same search for STRESS_BUDGET seconds, from the seeds after those the fast
+    tier searches (the stress tier: `scripts/check --stress`)."""
+    search_kernel_served(tmp_path, mount, front, SOAK or STRESS_BUDGET, first_seed=SEED + 100)
+
+
+def search_kernel_served(
+    tmp_path: Path,
+    mount: Callable[..., Mounted],
+    front: str,
+    budget: float,
+    first_seed: int = SEED,
+) -> None:
     if front == "yes" and unavailable() is not None:
         pytest.skip(f"the native front cannot run here: {unavailable()}")
     started = time.monotonic()
@@ -759,8 +788,9 @@ def test_model_kernel_served(tmp_path: Path, mount: Callable[..., Mounted], fron
     make_templates(tmp_path / "templates")
     mounted = mount(source, "ro", f"cache_timeout={TIMEOUT:g}", f"front={front}")
     other = mount(source)  # read-write: its commits append to shards
-    budget = SOAK or (BUDGET if front == "yes" else WITHOUT_FRONT_BUDGET)
-    run = Run(source, mounted.path, tmp_path / "templates", False, started + budget)
+    run = Run(
+        source, mounted.path, tmp_path / "templates", False, started + budget, seed=first_seed
+    )
     run.other = other.path
     findings = search(run)
     summary = report(run, findings, started)

@@ -76,6 +76,7 @@ def drop_kernel_caches() -> None:
 
 
 @pytest.mark.fuse
+@pytest.mark.alone  # it drops the kernel's caches
 def test_a_hundred_thousand_chunks_list_stat_and_read_in_bounded_memory(
     source: Path, mount
 ) -> None:
@@ -114,6 +115,7 @@ def test_a_hundred_thousand_chunks_list_stat_and_read_in_bounded_memory(
 
 
 @pytest.mark.fuse
+@pytest.mark.alone  # it drops the kernel's caches
 def test_the_inode_budget_makes_the_kernel_forget_directories(source: Path, mount) -> None:
     """With `inodes=4`, walking the chunk directories keeps only a few counted entries:
     the daemon asks the kernel to drop the oldest, and the walk still sees everything."""

@@ -106,6 +106,7 @@ def run_fio(fio: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.alone  # it loads both cores
 def test_fio_random_reads_of_a_read_only_mount(tmp_path: Path, mount) -> None:
     fio = tool("fio")
     # fio writes the chunk bytes (4 blocks per chunk, each with its crc32c header)...
@@ -257,6 +258,7 @@ def make_image(source: Path) -> np.ndarray:
     return values
 
 
+@pytest.mark.alone  # it loads both cores
 def test_stress_ng_on_a_read_write_mount(tmp_path: Path, mount) -> None:
     source = tmp_path / "src"
     expected = make_image(source)
@@ -304,6 +306,7 @@ def test_stress_ng_on_a_read_write_mount(tmp_path: Path, mount) -> None:
     assert not (source / "image" / "work").exists()
 
 
+@pytest.mark.alone  # it loads both cores
 def test_stress_ng_stressors_that_use_unlinked_files(tmp_path: Path, mount) -> None:
     source = tmp_path / "src"
     expected = make_image(source)
@@ -750,7 +753,15 @@ class MountVersusPlain(RuleBasedStateMachine):
         assert "Traceback" not in log and "ERROR" not in log, log
 
 
-@pytest.mark.parametrize(("view", "examples"), [("v3", 6), ("v2", 3)])
+@pytest.mark.parametrize(
+    ("view", "examples"),
+    [
+        ("v3", 6),
+        ("v2", 3),
+        pytest.param("v3", 60, marks=pytest.mark.stress),
+        pytest.param("v2", 30, marks=pytest.mark.stress),
+    ],
+)
 def test_the_mount_behaves_like_a_plain_directory(tmp_path: Path, view: str, examples: int) -> None:
     """Derandomized, so CI runs the same sequences every time (the template's source is
     written once; each example copies it and mounts the copy)."""

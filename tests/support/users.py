@@ -85,7 +85,8 @@ class User:
         )
 
 
-def _why_not() -> str | None:
+def why_no_users() -> str | None:
+    """Why tests cannot play ordinary users here, or None."""
     if os.geteuid() != 0:
         return "tests that play a second user must run as root (to create and become it)"
     if shutil.which("useradd") is None or not os.access(RUNUSER, os.X_OK):
@@ -99,7 +100,8 @@ def _user(name: str, package_root: str) -> User:
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True)
+        # (another pytest worker may be making it too: useradd then fails, and it exists)
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name])
         entry = pwd.getpwnam(name)
     return User(name, entry.pw_uid, entry.pw_gid, entry.pw_dir, package_root)
 
@@ -107,7 +109,7 @@ def _user(name: str, package_root: str) -> User:
 @pytest.fixture(scope="session")
 def users() -> Iterator[tuple[User, User]]:
     """(victim, attacker): two ordinary users, made on first use."""
-    reason = _why_not()
+    reason = why_no_users()
     if reason:
         pytest.skip(reason)
     root = tempfile.mkdtemp(prefix="shardfs-package-")
@@ -174,6 +176,16 @@ def _venv_is_current(python: Path) -> bool:
     )
 
 
+def build_user_venv() -> str | None:
+    """USER_VENV, built unless it is current (another pytest worker, or the build ahead
+    that scripts/check starts, may be building it: they take turns); None, or why it
+    could not be built."""
+    USER_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{USER_VENV}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_user_venv()
+
+
 def _build_user_venv() -> str | None:
     """Build USER_VENV with `scripts/setup --user` run on a copy of this checkout, with the
     system's Python (it must not live under /root, which other users cannot enter); None,
@@ -217,10 +229,7 @@ def _build_user_venv() -> str | None:
 def user_shardfs(users: tuple[User, User]) -> UserShardfs:
     """shardfs as the test users run it (see the module docstring); skipped, with the
     reason, where its environment cannot be built."""
-    USER_VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{USER_VENV}.lock", "w") as lock:  # another test run may be building it
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        reason = _build_user_venv()
+    reason = build_user_venv()
     if reason:
         pytest.skip(reason)
     python = str(USER_VENV / ".venv" / "bin" / "python")

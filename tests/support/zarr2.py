@@ -8,6 +8,7 @@ reuses it while its requirements are unchanged. Tests hand it small scripts.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -119,20 +120,18 @@ def _ensure(venv: Path, base_python: str, requirements: tuple[str, ...]) -> Zarr
     marker = venv / "shardfs-requirements.json"
     python = venv / "bin" / "python"
     wanted = json.dumps([base_python, *requirements])
-    if not (python.exists() and marker.exists() and marker.read_text() == wanted):
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
-        subprocess.run(
-            [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                *requirements,
-            ],
-            check=True,
-        )
-        marker.write_text(wanted)
+    # (another pytest worker, or the build ahead that scripts/check starts, may be making
+    # it: they take turns, and the later ones find it made)
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (python.exists() and marker.exists() and marker.read_text() == wanted):
+            _make(venv, base_python, requirements)
+            marker.write_text(wanted)
     return Zarr2(python)
+
+
+def _make(venv: Path, base_python: str, requirements: tuple[str, ...]) -> None:
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "--disable-pip-version-check", *requirements], check=True)
