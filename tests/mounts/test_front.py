@@ -266,7 +266,9 @@ def test_the_front_pages_on_through_a_listing_python_took(source: Path, mount: A
     assert np.array_equal(zarr.open_array(on.path / "w", mode="r")[...], data)
 
 
-def test_a_listing_made_ahead_is_answered_while_its_shards_hold(source: Path, mount: Any) -> None:
+def test_a_listing_made_ahead_is_answered_while_its_shards_hold(
+    source: Path, mount: Any, request: pytest.FixtureRequest
+) -> None:
     """Listing `w/c` shows the kernel the chunk directories `w/c/0` and `w/c/1`, whose
     listings are then made in the background for the front: the kernel's first read of
     each is answered there. A shard written by zarr-python after that (new chunk files
@@ -280,6 +282,10 @@ def test_a_listing_made_ahead_is_answered_while_its_shards_hold(source: Path, mo
     array[...] = data  # chunks 512-1023 of each row all zero: not stored
     mounted = mount(source, "ro")
     os.listdir(mounted.path / "w" / "c")
+    # The kernel keeps these inodes, and the front their listings, whoever drops the
+    # kernel's caches meanwhile (the listing's entries: no request).
+    held = [os.open(mounted.path / "w" / "c" / name, os.O_PATH) for name in ("0", "1")]
+    request.addfinalizer(lambda: [os.close(fd) for fd in held])
     deadline = time.monotonic() + 10
     while stats(mounted.path)["front"]["listings"] < 3 and time.monotonic() < deadline:
         time.sleep(0.05)

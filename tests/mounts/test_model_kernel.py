@@ -31,7 +31,9 @@ the next seed once it finds nothing new, until SHARDFS_MODEL_SECONDS (60 s; a se
 runs at most 30 examples, the last one only as many as fit in the seconds left at the
 pace so far, and shrinks for at most 12 s). The test fails with every kind
 found: the minimal steps, the example's step log, the bytes read and the versions
-allowed. SHARDFS_SOAK_SECONDS=N searches for N seconds with random seeds instead;
+allowed. The stress tier (`scripts/check --stress`) searches STRESS_BUDGET seconds each
+way, from seeds the fast tier does not reach. SHARDFS_SOAK_SECONDS=N searches for N seconds
+with random seeds instead;
 SHARDFS_MODEL_LOG=FILE appends every violation seen (shrunk or not) to FILE;
 SHARDFS_MODEL_SEED sets the first seed. The same machine over a plain directory, into
 which the model writes each boundary by renames, must pass: the model has no false
