@@ -20,6 +20,7 @@ import stat as stat_mod
 import sys
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 from shardfs import __version__
 from shardfs.cli import checksum, info, logs, manifest, stats
@@ -62,9 +63,18 @@ READY_TIMEOUT = 60.0
 UMOUNT_NOTICE = 2.0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line starting `shardfs:`, as every other failure
+    (docs/troubleshooting.md), with where the usage is, not the usage itself."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"shardfs: {message} (see: {self.prog} --help)\n")
+
+
 def _parser() -> tuple[argparse.ArgumentParser, frozenset[str]]:
-    """The parser, and the names of its commands (see `_implied_mount`)."""
-    parser = argparse.ArgumentParser(
+    """The parser, and the names of its commands (see `_implied_mount`). Its commands'
+    parsers are of its class."""
+    parser = _Parser(
         prog="shardfs", description="Show sharded Zarr arrays as plain, unsharded chunk files."
     )
     parser.add_argument("--version", action="version", version=f"shardfs {__version__}")
@@ -177,7 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if misplaced:
         print(f"shardfs: {misplaced}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # (argparse would name the top-level usage, not the command's)
+        unknown = " ".join(extra)
+        print(f"shardfs: {args.command}: unrecognized arguments: {unknown} "
+              f"(see: shardfs {args.command} --help)", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         if args.command == "mount":
             return _mount(args)
@@ -223,11 +238,17 @@ def _misplaced_option(argv: Sequence[str]) -> str | None:
     from shardfs.options import OWN
 
     after_o = False
+    positional = 0
     for arg in argv[1:]:
         if arg == "--":
             break
         if after_o or arg == "-o":
             after_o = not after_o
+            continue
+        if not arg.startswith("-"):
+            positional += 1
+            if positional > 2 and _are_options(arg):  # `shardfs mount SRC MNT ro`
+                return f"mount takes SOURCE MOUNTPOINT: mount options go after -o (-o {arg})"
             continue
         name, equals, value = arg.lstrip("-").partition("=")
         option = _FLAG_OPTIONS.get(arg) or (
@@ -238,6 +259,17 @@ def _misplaced_option(argv: Sequence[str]) -> str | None:
         if option:
             return f"mount has no {arg.partition('=')[0]} flag: mount options go after -o (-o {option})"
     return None
+
+
+def _are_options(arg: str) -> bool:
+    """Whether `arg` parses as the argument of -o."""
+    from shardfs.options import parse_options
+
+    try:
+        parse_options([arg])
+    except UsageError:
+        return False
+    return True
 
 
 # -- checks shared by the parent and the daemon ------------------------------------------
@@ -607,6 +639,12 @@ def _umount(mountpoint: str) -> int:
         if lock is not None:
             os.close(lock)
         detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
+        if "busy" in detail.lower():
+            detail = (
+                "a process has a file or its working directory in it: find it with "
+                f"`fuser -vm {mountpoint}` and end it, or unmount once it is done with "
+                f"`fusermount3 -uz {mountpoint}`"
+            )
         raise ShardfsError(f"cannot unmount {mountpoint}: {detail}")
     if lock is None:
         return 0

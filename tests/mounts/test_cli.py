@@ -113,6 +113,17 @@ def test_detached_mount_answers_at_once_and_umount_stops_the_daemon(
         )
         busy = run("mount", str(source), str(mp))
         assert busy.returncode == 2 and "busy" in busy.stderr
+        held = os.open(mp / "c", os.O_RDONLY)  # a user of the mount: it cannot go
+        try:
+            in_use = run("umount", str(mp))
+        finally:
+            os.close(held)
+        assert in_use.returncode == 1 and mount_type(str(mp)) == "fuse.shardfs"
+        assert in_use.stderr.splitlines() == [
+            f"shardfs: cannot unmount {mp}: a process has a file or its working directory in "
+            f"it: find it with `fuser -vm {mp}` and end it, or unmount once it is done with "
+            f"`fusermount3 -uz {mp}`"
+        ], in_use.stderr
         assert run("umount", str(mp)).returncode == 0
         assert mount_type(str(mp)) is None
         assert wait_gone(pids), "daemon still running after umount"
@@ -307,6 +318,37 @@ def test_a_mount_option_given_as_a_flag_is_told_its_o_form(
             f"shardfs: mount has no {name} flag: mount options go after -o ({hint})"
         ]
     assert mount_type(str(tmp_path / "mp")) is None
+
+
+def test_mount_options_given_as_a_third_argument_are_told_their_o_form(
+    tmp_path: Path, source: Path
+) -> None:
+    """`shardfs mount SRC MNT ro` (as `mount` and fstab write them) says to write `-o ro`."""
+    (tmp_path / "mp").mkdir()
+    for given in ("ro", "ro,uid=1000", "allow_other"):
+        result = run("mount", str(source), str(tmp_path / "mp"), given)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            f"shardfs: mount takes SOURCE MOUNTPOINT: mount options go after -o (-o {given})"
+        ]
+    assert mount_type(str(tmp_path / "mp")) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["mount", "SRC"], "the following arguments are required: mountpoint (see: shardfs mount --help)"),
+        (["mount", "SRC", "MP", "extra"], "mount: unrecognized arguments: extra (see: shardfs mount --help)"),
+        (["info", ".", "--bogus"], "info: unrecognized arguments: --bogus (see: shardfs info --help)"),
+        (["--bogus"], "the following arguments are required: command (see: shardfs --help)"),
+        (["fsck"], "the following arguments are required: source (see: shardfs fsck --help)"),
+    ],
+)  # fmt: skip
+def test_every_usage_error_is_one_line(args: list[str], line: str) -> None:
+    """argparse's errors too: one line starting `shardfs:`, exit 2, and no usage."""
+    result = run(*args)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"shardfs: {line}"]
 
 
 def test_a_value_after_o_is_not_taken_for_a_flag(tmp_path: Path) -> None:
