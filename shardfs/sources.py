@@ -148,10 +148,12 @@ def open_source(
 SHARDED_LOOKUP_NODES = 100
 
 
-def note_nothing_sharded(source: Hierarchy | PrecomputedSource | WkwSource, name: str) -> None:
+def note_nothing_sharded(
+    source: Hierarchy | PrecomputedSource | WkwSource, name: str, view: str = "v3"
+) -> None:
     """Log one warning if a Zarr source holds no sharded array, or a precomputed volume no
-    sharded scale: the mount then shows every file as stored, which is worth a word where
-    the user expected shards unsharded. The walk reads node documents only, breadth first,
+    sharded scale: the mount then shows every file as stored (but the metadata, in the
+    v2 `view`), which is worth a word where the user expected shards unsharded. The walk reads node documents only, breadth first,
     and stops at the first sharded array or after SHARDED_LOOKUP_NODES nodes (then, or if
     a document cannot be read, it says nothing: the mount reports real errors itself)."""
     if isinstance(source, WkwSource):
@@ -179,7 +181,12 @@ def note_nothing_sharded(source: Hierarchy | PrecomputedSource | WkwSource, name
     except ShardfsError:
         return
     if not pending:
-        log.warning("no sharded array in %s: every file is shown as it is stored", name)
+        shown = (
+            "chunk files are shown as stored, and the metadata as Zarr v2's"
+            if view == "v2"
+            else "every file is shown as it is stored"
+        )
+        log.warning("no sharded array in %s: %s", name, shown)
 
 
 def _other_format(storage: Storage, view: View) -> PrecomputedSource | WkwSource | None:

@@ -127,18 +127,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 #: Fixtures of the ordinary users' accounts, homes and /dev/fuse's mode, which a test may
-#: change for as long as it runs: the tests using them run one after another, on one
-#: worker of `pytest -n` (`--dist loadgroup`).
+#: change for as long as it runs: the tests using them are `alone` (run one at a time).
 USERS_FIXTURES = {"users", "user_shardfs", "public_dir"}
 
 
-@pytest.hookimpl(tryfirst=True)  # (before pytest-xdist reads the groups)
+@pytest.hookimpl(tryfirst=True)  # (before `-m` selects by marker)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `fuse` mount for real: skipped, with the reason, where FUSE is absent.
-    Tests marked `stress` are left out unless --stress is given."""
+    Tests marked `stress` are left out unless --stress is given. Tests of the ordinary
+    users are marked `alone`."""
     for item in items:
         if USERS_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("users"))
+            item.add_marker(pytest.mark.alone)
     if not config.getoption("--stress"):
         stress = [item for item in items if item.get_closest_marker("stress") is not None]
         if stress:

@@ -422,7 +422,7 @@ def _mount(args: argparse.Namespace) -> int:
         # Here, where it shows: the warning if /tmp/shardfs-UID is another user's, or the
         # one line that refuses an unsafe runtime directory.
         runtime_dir(make=True)
-        note_nothing_sharded(source, args.source)
+        note_nothing_sharded(source, args.source, options.view)
     if args.foreground:
         return _run_daemon(args, options, source, early)
     early.print()  # the daemon's log (syslog, a file) gets them too, but is not here

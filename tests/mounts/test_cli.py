@@ -462,7 +462,12 @@ def test_a_sharded_array_anywhere_in_the_walk_keeps_the_mount_quiet(
         assert caplog.messages == []
         del root["x"]
         note_nothing_sharded(open_source(str(tmp_path / "src")), "src")
-    assert caplog.messages == ["no sharded array in src: every file is shown as it is stored"]
+        note_nothing_sharded(open_source(str(tmp_path / "src")), "src", view="v2")
+    assert caplog.messages == [
+        "no sharded array in src: every file is shown as it is stored",
+        # (the v2 view shows .zarray and .zattrs made from zarr.json)
+        "no sharded array in src: chunk files are shown as stored, and the metadata as Zarr v2's",
+    ]
 
 
 def _anchors(markdown: str) -> set[str]:

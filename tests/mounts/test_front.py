@@ -122,6 +122,28 @@ def test_a_new_version_goes_to_python_and_gets_new_node_ids(source: Path, mount:
     assert stats(mounted.path)["front"]["misses"]["changed"] > 0
 
 
+def test_a_read_the_front_gets_short_is_a_short_read_not_an_error(source: Path, mount: Any) -> None:
+    """The front reads without waiting, and fewer bytes than asked may come back with no
+    error: the rest is not in the page cache, or the file shrank. It then passes the read
+    on to Python, which knows which, and counts "short read", not "error". (A shard cut
+    short under the mount: the chunk's version is gone, so EIO.)"""
+    data = np.random.default_rng(9).integers(0, 1 << 16, (64, 256), dtype="uint16")
+    array = zarr.create_array(
+        source / "p", shape=data.shape, chunks=(32, 128), shards=(64, 256), dtype="uint16",
+        compressors=None,
+    )  # fmt: skip
+    array[...] = data  # 4 chunks of 8 KiB, in the page cache as zarr-python wrote them
+    mounted = mount(source, "ro", "front=yes")
+    chunk = mounted.path / "p" / "c" / "0" / "1"  # at 8 KiB in the shard
+    os.stat(chunk)  # its row, filled by Python
+    os.truncate(source / "p" / "c" / "0" / "0", 8192 + 100)
+    with pytest.raises(OSError) as failed:
+        chunk.read_bytes()
+    assert failed.value.errno == errno.EIO
+    misses = stats(mounted.path)["front"]["misses"]
+    assert misses["short read"] >= 1 and misses["error"] == 0, misses  # (the kernel retries)
+
+
 @pytest.mark.alone  # it drops the kernel's caches
 def test_forgotten_versions_leave_the_front_and_come_back(source: Path, mount: Any) -> None:
     """The kernel forgets every chunk file (caches dropped): the slots are let go on both

@@ -343,8 +343,12 @@ static const char *opcode_name(int op)
     default: return NULL;
     }
 }
-enum { M_NO_ROW, M_CHANGED, M_NOT_CACHED, M_DROPPED, M_ERROR, MISSES };
-static const char *miss_names[MISSES] = {"no row", "changed", "not cached", "dropped", "error"};
+/* Why a lookup or read went to Python (docs/semantics.md, "Statistics"); "short read": fewer
+   bytes than asked came back without waiting (the rest is not in the page cache, or the file
+   shrank), "error": the read itself failed. */
+enum { M_NO_ROW, M_CHANGED, M_NOT_CACHED, M_SHORT, M_DROPPED, M_ERROR, MISSES };
+static const char *miss_names[MISSES] = {
+    "no row", "changed", "not cached", "short read", "dropped", "error"};
 
 typedef struct {
     PyObject_HEAD
@@ -866,7 +870,7 @@ static int answer_read(Front *f, struct fuse_in_header *in, size_t n, const stru
         if (got < 0 && errno == EAGAIN && queue_read(f, in, n, k, at, want))
             return 1;
         if (got != (ssize_t)want) {
-            f->misses[got < 0 && errno == EAGAIN ? M_NOT_CACHED : M_ERROR]++;
+            f->misses[got >= 0 ? M_SHORT : errno == EAGAIN ? M_NOT_CACHED : M_ERROR]++;
             return 0;
         }
         /* Checked after the read, so that a change during it is seen too (as Python's
